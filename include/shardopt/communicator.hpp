@@ -1,0 +1,65 @@
+// shardopt/communicator.hpp — the collective interface every backend implements, and its factories.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "shardopt/types.hpp"
+
+namespace shardopt {
+
+enum class ReduceOp : int32_t { sum = 0, avg = 1, max = 2 };
+
+// A collective started by a nonblocking call; wait() finishes it (and rethrows its failure).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
+struct CommOptions {
+  // A collective that has not completed after this long raises Error(timeout) naming the
+  // operation and rank instead of hanging forever. <= 0 disables the watchdog.
+  double timeout_seconds = 600.0;
+};
+
+// Collectives over one group of ranks. Counts are elements of `dtype`; buffers live on
+// `device()`. All ranks of the group must call the same collectives in the same order.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Device device() const = 0;
+  virtual const char* backend_name() const = 0;
+
+  virtual void broadcast(void* buffer, int64_t count, DType dtype, int root) = 0;
+  // Rank r's `count` elements land at recv + r*count. In place when send == recv + rank*count.
+  virtual void all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  // `send` holds size()*count elements; this rank receives the reduced block rank()*count.
+  virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
+                              ReduceOp op) = 0;
+  virtual void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+
+  virtual std::unique_ptr<PendingCollective> broadcast_async(void* buffer, int64_t count,
+                                                             DType dtype, int root) = 0;
+  virtual std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv,
+                                                              int64_t count, DType dtype) = 0;
+  virtual std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count,
+                                                              DType dtype, ReduceOp op) = 0;
+
+  // Ranks passing the same color form a new group, ordered by key (ties by old rank).
+  // Collective over this group.
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// MPI backend over host memory. The first form initialises MPI (if nobody has) and finalises
+// it when the last communicator that owns it is destroyed.
+std::shared_ptr<Communicator> mpi_world(const CommOptions& options = {});
+// Borrows the caller's communicator: `mpi_comm` points at an MPI_Comm (opaque here so this
+// header needs no mpi.h). shardopt duplicates it and never finalises MPI.
+std::shared_ptr<Communicator> mpi_borrow(const void* mpi_comm, const CommOptions& options = {});
+
+}  // namespace shardopt

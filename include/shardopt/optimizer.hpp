@@ -1,0 +1,128 @@
+// shardopt/optimizer.hpp — ZeroOptimizer: registered params, param groups, the sharded step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardopt/communicator.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt {
+
+enum class Algorithm : int32_t { sgd = 0, adam = 1, adamw = 2 };
+enum class PartitionStrategy : int32_t { flat = 0, sorted_greedy = 1 };
+enum class Storage : int32_t {
+  bucket_view = 0,  // shardopt owns flat param/grad buffers and hands out views (zero-copy sync)
+  external = 1,     // the caller's buffers stay where they are; shardopt copies to/from them
+};
+
+const char* algorithm_name(Algorithm algorithm);
+const char* partition_name(PartitionStrategy partition);
+
+// Per-group hyperparameters, with torch.optim's names and defaults. Changeable between steps.
+struct Hyperparams {
+  double lr = 1e-3;
+  double beta1 = 0.9;   // Adam/AdamW
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // SGD/Adam: L2 added to the gradient; AdamW: decoupled
+  double momentum = 0.0;      // SGD
+  double dampening = 0.0;
+  bool nesterov = false;
+  bool maximize = false;
+  bool amsgrad = false;
+};
+
+struct OptimizerConfig {
+  Algorithm algorithm = Algorithm::adam;
+  PartitionStrategy partition = PartitionStrategy::flat;
+  Storage storage = Storage::bucket_view;
+  // false: every rank keeps the full optimizer state and updates every parameter (the
+  // unsharded data-parallel baseline); no parameter sync is needed.
+  bool shard_state = true;
+  // Largest single collective issued by reduce_gradients() and the parameter sync.
+  int64_t bucket_bytes = int64_t{64} << 20;
+  // Threads for the CPU update (OpenMP); 0 leaves the OpenMP default.
+  int cpu_threads = 0;
+};
+
+struct ParamSpec {
+  std::string name;
+  // external: the caller's parameter buffer. bucket_view: optional initial values (data may
+  // be null for zeros); numel, dtype and device describe the parameter either way.
+  TensorRef param;
+  // external: the caller's gradient buffer (same numel/dtype/device as param).
+  // bucket_view: leave data null; shardopt owns the gradient (see grad_view).
+  TensorRef grad;
+};
+
+struct ParamGroupSpec {
+  std::vector<ParamSpec> params;
+  Hyperparams hyper;
+};
+
+using ParamId = int32_t;  // registration order across all groups, as torch's global index
+
+struct MemoryReport {
+  int64_t state_bytes = 0;         // optimizer state held by this rank
+  int64_t param_buffer_bytes = 0;  // flat parameter buffer (bucket view) or sync staging
+  int64_t grad_buffer_bytes = 0;   // flat gradient buffer (bucket view) or reduce staging
+  int64_t shard_numel = 0;         // elements this rank updates
+  int64_t trainable_numel = 0;     // trainable elements over all ranks
+};
+
+class ZeroOptimizer {
+ public:
+  // Collective over `comm`: every rank must register the same params (names, numels, dtypes,
+  // groups) in the same order; a mismatch raises Error(mismatch) naming the first differing
+  // parameter on every rank.
+  ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig config,
+                std::vector<ParamGroupSpec> groups);
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  // Collective. Earlier params keep their ids, state and (sorted_greedy) owners.
+  int add_param_group(ParamGroupSpec group);
+  // Same call on every rank. Frozen params are not updated and hold no state; the layout is
+  // rebuilt at the next step (bucket views move: call param_view/grad_view again).
+  void set_trainable(ParamId id, bool trainable);
+  bool trainable(ParamId id) const;
+
+  int num_groups() const;
+  int num_params() const;
+  Hyperparams& hyperparams(int group);
+  const Hyperparams& hyperparams(int group) const;
+  ParamId find_param(const std::string& name) const;  // Error(invalid_argument) if absent
+  const std::string& param_name(ParamId id) const;
+  int param_group(ParamId id) const;
+  int64_t param_step(ParamId id) const;  // optimizer steps this param has taken
+  // Rank that updates this param (sorted_greedy); -1 if it straddles ranks or is frozen.
+  int param_owner(ParamId id) const;
+
+  // bucket_view: views into shardopt's flat buffers; external: the caller's buffers.
+  TensorRef param_view(ParamId id) const;
+  TensorRef grad_view(ParamId id) const;
+  uint64_t layout_version() const;  // bumps whenever views may have moved
+
+  void zero_grad();
+  // Averages gradients over the ranks (bucketed all-reduce), for trainers without their own DDP.
+  void reduce_gradients();
+  // Updates this rank's shard, then syncs parameters so every rank holds the same values.
+  void step();
+  // Calls `closure` (which recomputes loss and gradients) first, then steps; returns its loss.
+  double step(const std::function<double()>& closure);
+
+  MemoryReport memory_report() const;
+  Communicator& communicator() const;
+  const OptimizerConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardopt

@@ -1,0 +1,11 @@
+// shardopt/shardopt.hpp — the C++ API in one include.
+#pragma once
+
+#include "shardopt/communicator.hpp"
+#include "shardopt/error.hpp"
+#include "shardopt/optimizer.hpp"
+#include "shardopt/types.hpp"
+
+namespace shardopt {
+const char* version();
+}  // namespace shardopt

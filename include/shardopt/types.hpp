@@ -1,0 +1,45 @@
+// shardopt/types.hpp — element types, devices and the non-owning TensorRef view.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace shardopt {
+
+enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
+
+inline constexpr std::size_t dtype_size(DType dtype) {
+  return dtype == DType::f32 ? 4 : 2;
+}
+const char* dtype_name(DType dtype);
+
+struct Device {
+  enum class Kind : int32_t { cpu = 0, cuda = 1 };
+  Kind kind = Kind::cpu;
+  int32_t index = 0;
+
+  static constexpr Device cpu() { return Device{Kind::cpu, 0}; }
+  static constexpr Device cuda(int32_t index) { return Device{Kind::cuda, index}; }
+  bool is_cpu() const { return kind == Kind::cpu; }
+  bool is_cuda() const { return kind == Kind::cuda; }
+  friend bool operator==(Device a, Device b) {
+    return a.kind == b.kind && (a.kind == Kind::cpu || a.index == b.index);
+  }
+  friend bool operator!=(Device a, Device b) { return !(a == b); }
+};
+std::string device_name(Device device);  // "cpu", "cuda:1"
+
+// A non-owning view of a contiguous buffer that lives in someone else's memory.
+struct TensorRef {
+  void* data = nullptr;
+  int64_t numel = 0;
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel) * dtype_size(dtype); }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+}  // namespace shardopt

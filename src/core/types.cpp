@@ -1,0 +1,24 @@
+// src/core/types.cpp — names of dtypes and devices, and the library version.
+#include <string>
+
+#include "shardopt/shardopt.hpp"
+
+namespace shardopt {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+  }
+  return "unknown-dtype";
+}
+
+std::string device_name(Device device) {
+  if (device.is_cpu()) return "cpu";
+  return "cuda:" + std::to_string(device.index);
+}
+
+const char* version() { return SHARDOPT_VERSION_STRING; }
+
+}  // namespace shardopt

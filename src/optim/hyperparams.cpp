@@ -1,0 +1,45 @@
+// src/optim/hyperparams.cpp — the same range checks torch.optim's constructors make, and NaN checks.
+#include "optim/hyperparams.hpp"
+
+#include <cmath>
+
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace optim {
+namespace {
+
+void check_finite_at_least(double value, double low, const char* field, int group) {
+  SHARDOPT_CHECK(std::isfinite(value) && value >= low, invalid_argument,
+                 "param group {}: invalid {} {} (must be a finite number >= {})", group, field,
+                 value, low);
+}
+
+void check_beta(double value, const char* field, int group) {
+  SHARDOPT_CHECK(std::isfinite(value) && value >= 0.0 && value < 1.0, invalid_argument,
+                 "param group {}: invalid {} {} (must be in [0, 1))", group, field, value);
+}
+
+}  // namespace
+
+void validate_hyperparams(const Hyperparams& hyper, Algorithm algorithm, int group) {
+  check_finite_at_least(hyper.lr, 0.0, "lr", group);
+  check_finite_at_least(hyper.weight_decay, 0.0, "weight_decay", group);
+  if (algorithm == Algorithm::sgd) {
+    check_finite_at_least(hyper.momentum, 0.0, "momentum", group);
+    SHARDOPT_CHECK(std::isfinite(hyper.dampening), invalid_argument,
+                   "param group {}: invalid dampening {} (must be finite)", group, hyper.dampening);
+    SHARDOPT_CHECK(!hyper.nesterov || (hyper.momentum > 0.0 && hyper.dampening == 0.0),
+                   invalid_argument,
+                   "param group {}: nesterov momentum requires momentum > 0 and dampening == 0 "
+                   "(got momentum {}, dampening {})",
+                   group, hyper.momentum, hyper.dampening);
+  } else {
+    check_finite_at_least(hyper.eps, 0.0, "eps", group);
+    check_beta(hyper.beta1, "beta1", group);
+    check_beta(hyper.beta2, "beta2", group);
+  }
+}
+
+}  // namespace optim
+}  // namespace shardopt

@@ -1,0 +1,152 @@
+// src/partition/partition.cpp — flat, sorted-greedy and replicated layouts.
+#include "partition/partition.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace partition {
+namespace {
+
+void check_inputs(const std::vector<ParamInfo>& params, int world) {
+  SHARDOPT_CHECK(world >= 1, invalid_argument, "world size must be >= 1, got {}", world);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    SHARDOPT_CHECK(params[i].numel >= 0, invalid_argument, "parameter #{} has negative numel {}",
+                   i, params[i].numel);
+  }
+}
+
+Layout empty_layout(Strategy strategy, const std::vector<ParamInfo>& params, int world,
+                    int64_t alignment) {
+  Layout layout;
+  layout.strategy = strategy;
+  layout.world = world;
+  layout.alignment = alignment;
+  layout.shards.resize(static_cast<std::size_t>(world));
+  layout.param_offset.assign(params.size(), -1);
+  layout.param_owner.assign(params.size(), -1);
+  return layout;
+}
+
+// Cuts the concatenation [0, total) of trainable params into shards by rank.
+void fill_contiguous_segments(const std::vector<ParamInfo>& params, Layout& layout) {
+  int64_t cursor = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].trainable) continue;
+    layout.param_offset[i] = cursor;
+    const int64_t end = cursor + params[i].numel;
+    int32_t owner = -1;
+    for (int r = 0; r < layout.world && params[i].numel > 0; ++r) {
+      RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
+      const int64_t lo = std::max(cursor, shard.offset);
+      const int64_t hi = std::min(end, shard.offset + shard.numel);
+      if (lo >= hi) continue;
+      shard.segments.push_back(Segment{static_cast<int32_t>(i), lo - cursor, lo - shard.offset, hi - lo});
+      owner = (lo == cursor && hi == end) ? r : -1;
+    }
+    layout.param_owner[i] = owner;
+    cursor = end;
+  }
+}
+
+}  // namespace
+
+Layout make_flat_layout(const std::vector<ParamInfo>& params, int world, int64_t alignment) {
+  check_inputs(params, world);
+  SHARDOPT_CHECK(alignment >= 1, invalid_argument, "alignment must be >= 1, got {}", alignment);
+  Layout layout = empty_layout(Strategy::flat, params, world, alignment);
+  int64_t total = 0;
+  for (const ParamInfo& p : params) total += p.trainable ? p.numel : 0;
+  const int64_t quantum = alignment * world;
+  const int64_t padded = (total + quantum - 1) / quantum * quantum;
+  const int64_t shard_numel = padded / world;
+  for (int r = 0; r < world; ++r) {
+    layout.shards[static_cast<std::size_t>(r)].offset = r * shard_numel;
+    layout.shards[static_cast<std::size_t>(r)].numel = shard_numel;
+  }
+  layout.buffer_numel = padded;
+  layout.trainable_numel = total;
+  fill_contiguous_segments(params, layout);
+  return layout;
+}
+
+std::vector<int32_t> sorted_greedy_owners(const std::vector<ParamInfo>& params, int world) {
+  check_inputs(params, world);
+  std::vector<int32_t> owner(params.size(), -1);
+  std::vector<int64_t> totals(static_cast<std::size_t>(world), 0);
+  // Groups in order of first appearance (ids are registration order, groups are appended).
+  std::vector<int32_t> groups;
+  for (const ParamInfo& p : params) {
+    if (std::find(groups.begin(), groups.end(), p.group) == groups.end()) groups.push_back(p.group);
+  }
+  for (int32_t group : groups) {
+    std::vector<std::size_t> members;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].group == group && params[i].trainable) members.push_back(i);
+    }
+    std::stable_sort(members.begin(), members.end(), [&](std::size_t a, std::size_t b) {
+      return params[a].numel > params[b].numel;
+    });
+    for (std::size_t i : members) {
+      const auto smallest = std::min_element(totals.begin(), totals.end());  // first minimum
+      owner[i] = static_cast<int32_t>(smallest - totals.begin());
+      *smallest += params[i].numel;
+    }
+  }
+  return owner;
+}
+
+Layout make_sorted_greedy_layout(const std::vector<ParamInfo>& params, int world) {
+  Layout layout = empty_layout(Strategy::sorted_greedy, params, world, 1);
+  const std::vector<int32_t> owner = sorted_greedy_owners(params, world);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (owner[i] < 0) continue;
+    RankShard& shard = layout.shards[static_cast<std::size_t>(owner[i])];
+    shard.segments.push_back(Segment{static_cast<int32_t>(i), 0, shard.numel, params[i].numel});
+    shard.numel += params[i].numel;
+    layout.param_owner[i] = owner[i];
+  }
+  int64_t cursor = 0;
+  for (RankShard& shard : layout.shards) {
+    shard.offset = cursor;
+    cursor += shard.numel;
+    for (const Segment& s : shard.segments) {
+      layout.param_offset[static_cast<std::size_t>(s.param)] = shard.offset + s.shard_offset;
+    }
+  }
+  layout.buffer_numel = cursor;
+  layout.trainable_numel = cursor;
+  return layout;
+}
+
+Layout make_replicated_layout(const std::vector<ParamInfo>& params, int world) {
+  check_inputs(params, world);
+  Layout layout = empty_layout(Strategy::replicated, params, world, 1);
+  int64_t total = 0;
+  for (const ParamInfo& p : params) total += p.trainable ? p.numel : 0;
+  // Every rank's shard is the whole buffer; only rank 0's segments are built, then copied.
+  layout.shards.assign(1, RankShard{0, total, {}});
+  layout.world = 1;
+  fill_contiguous_segments(params, layout);
+  layout.world = world;
+  layout.shards.resize(static_cast<std::size_t>(world), layout.shards[0]);
+  std::fill(layout.param_owner.begin(), layout.param_owner.end(), -1);
+  layout.buffer_numel = total;
+  layout.trainable_numel = total;
+  return layout;
+}
+
+Layout make_layout(Strategy strategy, const std::vector<ParamInfo>& params, int world,
+                   int64_t alignment) {
+  switch (strategy) {
+    case Strategy::flat: return make_flat_layout(params, world, alignment);
+    case Strategy::sorted_greedy: return make_sorted_greedy_layout(params, world);
+    case Strategy::replicated: return make_replicated_layout(params, world);
+  }
+  raise(ErrorCode::invalid_argument, "unknown partition strategy {}", static_cast<int>(strategy));
+}
+
+}  // namespace partition
+}  // namespace shardopt
