@@ -104,7 +104,10 @@ Layout make_sorted_greedy_layout(const std::vector<ParamInfo>& params, int world
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (owner[i] < 0) continue;
     RankShard& shard = layout.shards[static_cast<std::size_t>(owner[i])];
-    shard.segments.push_back(Segment{static_cast<int32_t>(i), 0, shard.numel, params[i].numel});
+    layout.param_offset[i] = shard.numel;  // within the shard for now; made absolute below
+    if (params[i].numel > 0) {
+      shard.segments.push_back(Segment{static_cast<int32_t>(i), 0, shard.numel, params[i].numel});
+    }
     shard.numel += params[i].numel;
     layout.param_owner[i] = owner[i];
   }
@@ -112,9 +115,9 @@ Layout make_sorted_greedy_layout(const std::vector<ParamInfo>& params, int world
   for (RankShard& shard : layout.shards) {
     shard.offset = cursor;
     cursor += shard.numel;
-    for (const Segment& s : shard.segments) {
-      layout.param_offset[static_cast<std::size_t>(s.param)] = shard.offset + s.shard_offset;
-    }
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (owner[i] >= 0) layout.param_offset[i] += layout.shards[static_cast<std::size_t>(owner[i])].offset;
   }
   layout.buffer_numel = cursor;
   layout.trainable_numel = cursor;

@@ -1,0 +1,199 @@
+// tests/unit/test_partition.cpp — flat and sorted-greedy layouts over many sizes and world sizes.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "partition/partition.hpp"
+#include "shardopt/error.hpp"
+
+using shardopt::partition::Layout;
+using shardopt::partition::ParamInfo;
+using shardopt::partition::Strategy;
+
+namespace {
+
+std::vector<ParamInfo> params_of(const std::vector<int64_t>& sizes, int32_t group = 0) {
+  std::vector<ParamInfo> params;
+  for (int64_t n : sizes) params.push_back(ParamInfo{n, group, true});
+  return params;
+}
+
+// Every element of every trainable param is in exactly one shard, at the place the layout says.
+void check_covers_every_element(const Layout& layout, const std::vector<ParamInfo>& params) {
+  std::vector<std::vector<int>> seen(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) seen[i].assign(static_cast<std::size_t>(params[i].numel), 0);
+  for (const auto& shard : layout.shards) {
+    int64_t previous_end = 0;
+    for (const auto& seg : shard.segments) {
+      REQUIRE(seg.length > 0);
+      REQUIRE(seg.shard_offset >= previous_end);  // in order, not overlapping
+      previous_end = seg.shard_offset + seg.length;
+      REQUIRE(previous_end <= shard.numel);
+      const auto p = static_cast<std::size_t>(seg.param);
+      REQUIRE(params[p].trainable);
+      // The flat buffer position agrees with the param's own offset.
+      REQUIRE(shard.offset + seg.shard_offset == layout.param_offset[p] + seg.param_offset);
+      for (int64_t e = seg.param_offset; e < seg.param_offset + seg.length; ++e) ++seen[p][static_cast<std::size_t>(e)];
+    }
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].trainable) {
+      REQUIRE(layout.param_offset[i] == -1);
+      continue;
+    }
+    const auto wrong = std::count_if(seen[i].begin(), seen[i].end(), [](int count) { return count != 1; });
+    REQUIRE(wrong == 0);
+  }
+}
+
+// An independent transcription of torch's _partition_parameters, for comparison.
+std::vector<int32_t> torch_reference_owners(const std::vector<ParamInfo>& params, int world) {
+  std::vector<int64_t> sizes(static_cast<std::size_t>(world), 0);
+  std::vector<int32_t> owner(params.size(), -1);
+  int32_t max_group = -1;
+  for (const auto& p : params) max_group = std::max(max_group, p.group);
+  for (int32_t g = 0; g <= max_group; ++g) {
+    std::vector<std::size_t> ids;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].group == g && params[i].trainable) ids.push_back(i);
+    }
+    // sorted(..., key=numel, reverse=True) is stable: equal sizes keep registration order.
+    for (std::size_t a = 1; a < ids.size(); ++a) {
+      for (std::size_t b = a; b > 0 && params[ids[b - 1]].numel < params[ids[b]].numel; --b) std::swap(ids[b - 1], ids[b]);
+    }
+    for (std::size_t i : ids) {
+      int best = 0;
+      for (int r = 1; r < world; ++r) {
+        if (sizes[static_cast<std::size_t>(r)] < sizes[static_cast<std::size_t>(best)]) best = r;
+      }
+      owner[i] = best;
+      sizes[static_cast<std::size_t>(best)] += params[i].numel;
+    }
+  }
+  return owner;
+}
+
+const std::vector<std::vector<int64_t>> kSizeLists = {
+    {},         {0},          {1},           {0, 0, 0},         {1, 1, 1, 1, 1}, {2, 3, 5, 7, 11, 13},
+    {17},       {31, 0, 1},   {4097},        {9, 7, 5, 3},      {100, 1, 100},   {1000003},
+    {16, 16},   {15, 17, 33}, {65, 0, 127},  {2000 * 20, 2000}, {7, 7, 7, 7, 7, 7, 7, 7, 7},
+};
+
+}  // namespace
+
+TEST_CASE("flat layout: equal aligned shards cover every element exactly once", "[partition]") {
+  for (const auto& sizes : kSizeLists) {
+    const auto params = params_of(sizes);
+    const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+    for (int world = 1; world <= 33; ++world) {
+      CAPTURE(sizes, world);
+      const Layout layout = shardopt::partition::make_flat_layout(params, world, 16);
+      REQUIRE(layout.shards.size() == static_cast<std::size_t>(world));
+      const int64_t per_rank = (total + world - 1) / world;  // ceil(P / N)
+      const int64_t expected = (per_rank + 15) / 16 * 16;     // rounded up to the alignment
+      REQUIRE(layout.trainable_numel == total);
+      REQUIRE(layout.buffer_numel == expected * world);
+      for (int r = 0; r < world; ++r) {
+        REQUIRE(layout.shards[static_cast<std::size_t>(r)].numel == expected);
+        REQUIRE(layout.shards[static_cast<std::size_t>(r)].offset == r * expected);
+      }
+      check_covers_every_element(layout, params);
+    }
+  }
+}
+
+TEST_CASE("flat layout: a straddling param has no single owner", "[partition]") {
+  // 40 elements over 2 ranks with alignment 16: shards of 32; the second param crosses.
+  const Layout layout = shardopt::partition::make_flat_layout(params_of({20, 20}), 2, 16);
+  REQUIRE(layout.shards[0].numel == 32);
+  REQUIRE(layout.param_owner == std::vector<int32_t>{0, -1});
+  REQUIRE(layout.shards[0].segments.size() == 2);
+  REQUIRE(layout.shards[0].segments[1].length == 12);
+  REQUIRE(layout.shards[1].segments.size() == 1);
+  REQUIRE(layout.shards[1].segments[0].param_offset == 12);
+  REQUIRE(layout.shards[1].segments[0].length == 8);
+}
+
+TEST_CASE("flat layout: frozen params are left out", "[partition]") {
+  auto params = params_of({10, 5, 10});
+  params[1].trainable = false;
+  const Layout layout = shardopt::partition::make_flat_layout(params, 2, 1);
+  REQUIRE(layout.trainable_numel == 20);
+  REQUIRE(layout.shards[0].numel == 10);
+  REQUIRE(layout.param_offset == std::vector<int64_t>{0, -1, 10});
+  REQUIRE(layout.param_owner == std::vector<int32_t>{0, -1, 1});
+  check_covers_every_element(layout, params);
+}
+
+TEST_CASE("sorted_greedy: torch's sharding case gives every rank 24 elements", "[partition]") {
+  // torch's test_sharding: params of sizes [9, 7, 5, 3] repeated world_size times.
+  for (int world = 1; world <= 33; ++world) {
+    CAPTURE(world);
+    std::vector<int64_t> sizes;
+    for (int r = 0; r < world; ++r) sizes.insert(sizes.end(), {9, 7, 5, 3});
+    const auto params = params_of(sizes);
+    const Layout layout = shardopt::partition::make_sorted_greedy_layout(params, world);
+    for (const auto& shard : layout.shards) REQUIRE(shard.numel == 24);
+    check_covers_every_element(layout, params);
+  }
+}
+
+TEST_CASE("sorted_greedy: matches torch's algorithm for many inputs", "[partition]") {
+  for (const auto& sizes : kSizeLists) {
+    for (int world = 1; world <= 33; ++world) {
+      CAPTURE(sizes, world);
+      // One group, then the same sizes split over three groups to carry totals across groups.
+      std::vector<ParamInfo> grouped = params_of(sizes);
+      for (std::size_t i = 0; i < grouped.size(); ++i) grouped[i].group = static_cast<int32_t>(i % 3);
+      std::sort(grouped.begin(), grouped.end(), [](const ParamInfo& a, const ParamInfo& b) { return a.group < b.group; });
+      for (const auto& params : {params_of(sizes), grouped}) {
+        const auto owners = shardopt::partition::sorted_greedy_owners(params, world);
+        REQUIRE(owners == torch_reference_owners(params, world));
+        const Layout layout = shardopt::partition::make_sorted_greedy_layout(params, world);
+        REQUIRE(layout.param_owner == owners);
+        int64_t offset = 0;
+        for (int r = 0; r < world; ++r) {
+          const auto& shard = layout.shards[static_cast<std::size_t>(r)];
+          REQUIRE(shard.offset == offset);
+          int64_t owned = 0;
+          for (std::size_t i = 0; i < params.size(); ++i) owned += owners[i] == r ? params[i].numel : 0;
+          REQUIRE(shard.numel == owned);
+          offset += shard.numel;
+        }
+        check_covers_every_element(layout, params);
+      }
+    }
+  }
+}
+
+TEST_CASE("sorted_greedy: a known assignment, by hand", "[partition]") {
+  // Sorted: 9(p3)->r0, 7(p1)->r1, 5(p2)->r1 (7<9), 3(p0)->r0 (9<12): totals 12 and 12.
+  const auto owners = shardopt::partition::sorted_greedy_owners(params_of({3, 7, 5, 9}), 2);
+  REQUIRE(owners == std::vector<int32_t>{0, 1, 1, 0});
+  // Equal sizes keep registration order; ties go to the lowest rank.
+  REQUIRE(shardopt::partition::sorted_greedy_owners(params_of({4, 4, 4}), 2) == std::vector<int32_t>{0, 1, 0});
+  // A later group continues from the totals of the earlier one.
+  std::vector<ParamInfo> two_groups = params_of({10, 1});
+  two_groups.push_back(ParamInfo{6, 1, true});
+  REQUIRE(shardopt::partition::sorted_greedy_owners(two_groups, 2) == std::vector<int32_t>{0, 1, 1});
+}
+
+TEST_CASE("replicated layout: every rank holds everything", "[partition]") {
+  const auto params = params_of({3, 0, 5});
+  const Layout layout = shardopt::partition::make_replicated_layout(params, 4);
+  REQUIRE(layout.shards.size() == 4);
+  for (const auto& shard : layout.shards) {
+    REQUIRE(shard.offset == 0);
+    REQUIRE(shard.numel == 8);
+    REQUIRE(shard.segments.size() == 2);
+  }
+}
+
+TEST_CASE("partition rejects nonsense", "[partition]") {
+  REQUIRE_THROWS_WITH(shardopt::partition::make_flat_layout(params_of({1}), 0, 16),
+                      Catch::Contains("world size must be >= 1"));
+  REQUIRE_THROWS_WITH(shardopt::partition::make_sorted_greedy_layout(params_of({-1}), 2),
+                      Catch::Contains("negative numel"));
+}
