@@ -1,0 +1,483 @@
+// src/optim/zero_optimizer_impl.hpp — ZeroOptimizer's internals, shared by the optim and checkpoint modules.
+//
+// The step pipeline (DESIGN.md): reduce_gradients() averages gradients; step() runs the fused
+// update over this rank's shard only, then syncs parameters (one all-gather for the flat
+// partition, one broadcast per rank shard for sorted_greedy). Every rank tracks every
+// parameter's step count, so per-step scalars never need communication.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/check.hpp"
+#include "cpu/update_cpu.hpp"
+#include "optim/fingerprint.hpp"
+#include "optim/flat_buffer.hpp"
+#include "optim/hyperparams.hpp"
+#include "partition/partition.hpp"
+#include "shardopt/shardopt.hpp"
+
+namespace shardopt {
+namespace optim {
+
+// Flat shards start on 16-element (64-byte) boundaries: whole cache lines per rank, and
+// 16-byte vector access on devices.
+constexpr int64_t kShardAlignment = 16;
+
+enum StateKind : std::size_t { kExpAvg = 0, kExpAvgSq, kMaxExpAvgSq, kMomentum, kStateKinds };
+inline constexpr const char* kStateNames[kStateKinds] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                  "momentum_buffer"};
+
+struct ParamRecord {
+  std::string name;
+  int64_t numel = 0;
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  int32_t group = 0;
+  bool trainable = true;
+  float* user_param = nullptr;  // external storage only
+  float* user_grad = nullptr;
+  int64_t step = 0;
+  bool has_momentum_buffer = false;  // torch creates it lazily, cloning d_p the first time
+};
+
+// A stretch of this rank's shard that one kernel call updates: consecutive elements of
+// params in one group with the same step history.
+struct UpdateRun {
+  int32_t first_param = 0;  // its step count and group stand for the whole run
+  int64_t shard_offset = 0;
+  int64_t length = 0;
+  float* param = nullptr;
+  float* grad = nullptr;
+};
+
+inline std::string describe(const ParamRecord& p) {
+  return fmt::format("'{}' (numel {}, {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype),
+                     p.device.is_cpu() ? "cpu" : "cuda", p.group);
+}
+
+}  // namespace optim
+
+struct ZeroOptimizer::Impl {
+  std::shared_ptr<Communicator> comm;
+  OptimizerConfig config;
+  std::vector<Hyperparams> groups;
+  std::vector<optim::ParamRecord> params;
+  partition::Layout layout;
+  bool has_layout = false;
+  bool layout_dirty = false;
+  uint64_t layout_version = 0;
+
+  std::array<optim::FlatBuffer, optim::kStateKinds> state;  // over this rank's shard
+  optim::FlatBuffer flat_params;   // bucket view: trainable shards then frozen params
+  optim::FlatBuffer flat_grads;    // bucket view: same offsets as flat_params
+  optim::FlatBuffer sync_staging;  // external: the rank-ordered shards, for the param sync
+  optim::FlatBuffer grad_staging;  // external: one bucket for reduce_gradients
+  std::vector<int64_t> view_offset;  // bucket view: each param's place in flat_params
+  std::vector<optim::UpdateRun> runs;
+
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->size(); }
+  bool bucket_view() const { return config.storage == Storage::bucket_view; }
+  bool sharded() const { return config.shard_state && world() > 1; }
+  const partition::RankShard& own_shard() const { return layout.shards[static_cast<std::size_t>(rank())]; }
+  int64_t bucket_elements() const {
+    return std::max<int64_t>(optim::kShardAlignment, config.bucket_bytes / static_cast<int64_t>(sizeof(float)));
+  }
+
+  partition::Strategy strategy() const {
+    if (!config.shard_state) return partition::Strategy::replicated;
+    return config.partition == PartitionStrategy::flat ? partition::Strategy::flat
+                                                       : partition::Strategy::sorted_greedy;
+  }
+
+  std::vector<partition::ParamInfo> param_infos() const {
+    std::vector<partition::ParamInfo> infos;
+    infos.reserve(params.size());
+    for (const optim::ParamRecord& p : params) infos.push_back({p.numel, p.group, p.trainable});
+    return infos;
+  }
+
+  optim::ParamRecord& param(ParamId id) {
+    SHARDOPT_CHECK(id >= 0 && static_cast<std::size_t>(id) < params.size(), invalid_argument,
+                   "parameter id {} is out of range (0..{})", id, static_cast<int64_t>(params.size()) - 1);
+    return params[static_cast<std::size_t>(id)];
+  }
+
+  // ---- registration ---------------------------------------------------------------------
+
+  // Checks one group locally and turns its specs into records (not yet added).
+  std::vector<optim::ParamRecord> records_for(const ParamGroupSpec& spec, int32_t group_index) const {
+    optim::validate_hyperparams(spec.hyper, config.algorithm, group_index);
+    SHARDOPT_CHECK(!spec.params.empty(), invalid_argument,
+                   "param group {} has an empty parameter list", group_index);
+    std::vector<optim::ParamRecord> records;
+    for (const ParamSpec& p : spec.params) {
+      const std::string label = p.name.empty() ? fmt::format("#{}", params.size() + records.size()) : "'" + p.name + "'";
+      SHARDOPT_CHECK(!p.name.empty(), invalid_argument, "parameter {} in group {} has no name", label, group_index);
+      SHARDOPT_CHECK(p.param.numel >= 0, invalid_argument, "parameter {} has negative numel {}", label, p.param.numel);
+      SHARDOPT_CHECK(p.param.device.is_cpu(), unsupported,
+                     "parameter {} is on {}: this build's optimizer keeps parameters on the CPU only",
+                     label, device_name(p.param.device));
+      SHARDOPT_CHECK(p.param.dtype == DType::f32, unsupported,
+                     "parameter {} has dtype {}: only f32 parameters are supported so far", label,
+                     dtype_name(p.param.dtype));
+      if (bucket_view()) {
+        SHARDOPT_CHECK(p.grad.data == nullptr, invalid_argument,
+                       "parameter {}: in bucket_view storage shardopt owns the gradient; leave grad.data null and write into grad_view()",
+                       label);
+      } else {
+        SHARDOPT_CHECK(p.param.data != nullptr || p.param.numel == 0, invalid_argument,
+                       "parameter {}: external storage needs the parameter buffer (param.data is null)", label);
+        SHARDOPT_CHECK(p.grad.data != nullptr || p.param.numel == 0, invalid_argument,
+                       "parameter {}: external storage needs a gradient buffer (grad.data is null)", label);
+        SHARDOPT_CHECK(p.grad.numel == p.param.numel && p.grad.dtype == p.param.dtype &&
+                           p.grad.device == p.param.device,
+                       invalid_argument,
+                       "parameter {}: gradient ({} elements, {}, {}) does not match the parameter ({} elements, {}, {})",
+                       label, p.grad.numel, dtype_name(p.grad.dtype), device_name(p.grad.device),
+                       p.param.numel, dtype_name(p.param.dtype), device_name(p.param.device));
+      }
+      for (const optim::ParamRecord& existing : params) {
+        SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
+      }
+      for (const optim::ParamRecord& earlier : records) {
+        SHARDOPT_CHECK(earlier.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
+      }
+      optim::ParamRecord r;
+      r.name = p.name;
+      r.numel = p.param.numel;
+      r.dtype = p.param.dtype;
+      r.device = p.param.device;
+      r.group = group_index;
+      r.user_param = static_cast<float*>(p.param.data);
+      r.user_grad = static_cast<float*>(p.grad.data);
+      records.push_back(std::move(r));
+    }
+    return records;
+  }
+
+  // Collective: validates `specs` locally, agrees with the other ranks, then appends them.
+  void register_groups(const std::vector<ParamGroupSpec>& specs, const char* what) {
+    std::vector<optim::ParamRecord> added;
+    std::string local_error;
+    ErrorCode local_code = ErrorCode::invalid_argument;
+    try {
+      SHARDOPT_CHECK(!specs.empty(), invalid_argument, "{}: the parameter list is empty", what);
+      for (std::size_t g = 0; g < specs.size(); ++g) {
+        std::vector<optim::ParamRecord> records = records_for(specs[g], static_cast<int32_t>(groups.size() + g));
+        for (optim::ParamRecord& r : records) added.push_back(std::move(r));
+      }
+    } catch (const Error& e) {
+      local_error = e.what();
+      local_code = e.code();
+      added.clear();
+    }
+    std::vector<optim::ParamSignature> signatures;
+    for (const optim::ParamRecord& r : added) signatures.push_back({optim::describe(r)});
+    optim::check_same_registration(*comm, signatures, what, local_error, local_code);
+
+    const std::size_t first_new = params.size();
+    for (const ParamGroupSpec& spec : specs) groups.push_back(spec.hyper);
+    for (optim::ParamRecord& r : added) params.push_back(std::move(r));
+    rebuild_layout(&specs, first_new);
+  }
+
+  // ---- layout and state -------------------------------------------------------------------
+
+  std::array<bool, optim::kStateKinds> state_kinds_needed() const {
+    std::array<bool, optim::kStateKinds> needed{};
+    for (const Hyperparams& h : groups) {
+      if (config.algorithm == Algorithm::sgd) {
+        needed[optim::kMomentum] = needed[optim::kMomentum] || h.momentum != 0.0;
+      } else {
+        needed[optim::kExpAvg] = needed[optim::kExpAvgSq] = true;
+        needed[optim::kMaxExpAvgSq] = needed[optim::kMaxExpAvgSq] || h.amsgrad;
+      }
+    }
+    return needed;
+  }
+
+  // Allocates state kinds that hyperparameter changes made necessary (zeros, as torch's
+  // lazily created state).
+  void ensure_state_kinds() {
+    const auto needed = state_kinds_needed();
+    for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+      if (needed[k] && state[k].numel() != own_shard().numel) state[k].resize(own_shard().numel);
+    }
+  }
+
+  // Moves each state element from its owner in `from` to its owner in `to`. Collective when
+  // sharded: every old shard is broadcast once per state kind.
+  void migrate_state(const partition::Layout& from, const partition::Layout& to,
+                     std::array<optim::FlatBuffer, optim::kStateKinds>& next) {
+    // This rank's new pieces, by param.
+    std::vector<std::vector<const partition::Segment*>> mine(params.size());
+    for (const partition::Segment& s : to.shards[static_cast<std::size_t>(rank())].segments) {
+      mine[static_cast<std::size_t>(s.param)].push_back(&s);
+    }
+    const bool replicated = from.strategy == partition::Strategy::replicated;
+    const int sources = replicated ? 1 : world();
+    for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+      if (state[k].empty() || next[k].empty()) continue;
+      for (int r = 0; r < sources; ++r) {
+        const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? rank() : r)];
+        optim::FlatBuffer incoming;
+        const float* source = state[k].data();
+        if (!replicated && world() > 1) {
+          incoming.resize(old_shard.numel);
+          if (r == rank()) std::memcpy(incoming.data(), state[k].data(), static_cast<std::size_t>(incoming.bytes()));
+          comm->broadcast(incoming.data(), old_shard.numel, DType::f32, r);
+          source = incoming.data();
+        }
+        for (const partition::Segment& old_seg : old_shard.segments) {
+          for (const partition::Segment* new_seg : mine[static_cast<std::size_t>(old_seg.param)]) {
+            const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
+            const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
+            if (lo >= hi) continue;
+            std::memcpy(next[k].data() + new_seg->shard_offset + (lo - new_seg->param_offset),
+                        source + old_seg.shard_offset + (lo - old_seg.param_offset),
+                        static_cast<std::size_t>(hi - lo) * sizeof(float));
+          }
+        }
+      }
+    }
+  }
+
+  // Builds the layout for the current params and trainable flags, carrying state and (bucket
+  // view) values across. `initial`/`first_new`: specs whose initial values seed new params.
+  void rebuild_layout(const std::vector<ParamGroupSpec>* initial = nullptr, std::size_t first_new = 0) {
+    partition::Layout next = partition::make_layout(strategy(), param_infos(), world(), optim::kShardAlignment);
+    const int64_t next_shard = next.shards[static_cast<std::size_t>(rank())].numel;
+
+    std::array<optim::FlatBuffer, optim::kStateKinds> next_state;
+    const auto needed = state_kinds_needed();
+    for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+      if (needed[k]) next_state[k].resize(next_shard);
+    }
+    if (has_layout) migrate_state(layout, next, next_state);
+
+    if (bucket_view()) {
+      std::vector<int64_t> next_offset(params.size());
+      int64_t tail = next.buffer_numel;
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        next_offset[i] = params[i].trainable ? next.param_offset[i] : tail;
+        if (!params[i].trainable) tail += params[i].numel;
+      }
+      optim::FlatBuffer next_params(tail);
+      optim::FlatBuffer next_grads(tail);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const auto bytes = static_cast<std::size_t>(params[i].numel) * sizeof(float);
+        if (bytes == 0) continue;
+        if (i < view_offset.size()) {
+          std::memcpy(next_params.data() + next_offset[i], flat_params.data() + view_offset[i], bytes);
+          std::memcpy(next_grads.data() + next_offset[i], flat_grads.data() + view_offset[i], bytes);
+        } else if (initial != nullptr) {
+          const void* source = initial_value(*initial, i - first_new);
+          if (source != nullptr) std::memcpy(next_params.data() + next_offset[i], source, bytes);
+        }
+      }
+      flat_params = std::move(next_params);
+      flat_grads = std::move(next_grads);
+      view_offset = std::move(next_offset);
+    } else {
+      sync_staging.resize(sharded() ? next.buffer_numel : 0);
+      int64_t trainable = next.trainable_numel;
+      grad_staging.resize(world() > 1 ? std::min(trainable, bucket_elements()) : 0);
+    }
+    state = std::move(next_state);
+    layout = std::move(next);
+    has_layout = true;
+    layout_dirty = false;
+    ++layout_version;
+    build_runs();
+  }
+
+  static const void* initial_value(const std::vector<ParamGroupSpec>& specs, std::size_t index) {
+    for (const ParamGroupSpec& g : specs) {
+      if (index < g.params.size()) return g.params[index].param.data;
+      index -= g.params.size();
+    }
+    return nullptr;
+  }
+
+  float* param_data(std::size_t i) const {
+    return bucket_view() ? flat_params.data() + view_offset[i] : params[i].user_param;
+  }
+  float* grad_data(std::size_t i) const {
+    return bucket_view() ? flat_grads.data() + view_offset[i] : params[i].user_grad;
+  }
+
+  void build_runs() {
+    runs.clear();
+    const partition::RankShard& shard = own_shard();
+    for (const partition::Segment& s : shard.segments) {
+      if (s.length == 0) continue;
+      const optim::ParamRecord& p = params[static_cast<std::size_t>(s.param)];
+      float* param_ptr = param_data(static_cast<std::size_t>(s.param)) + s.param_offset;
+      float* grad_ptr = grad_data(static_cast<std::size_t>(s.param)) + s.param_offset;
+      if (!runs.empty()) {
+        optim::UpdateRun& last = runs.back();
+        const optim::ParamRecord& q = params[static_cast<std::size_t>(last.first_param)];
+        const bool contiguous = last.shard_offset + last.length == s.shard_offset &&
+                                last.param + last.length == param_ptr && last.grad + last.length == grad_ptr;
+        if (contiguous && q.group == p.group && q.step == p.step && q.has_momentum_buffer == p.has_momentum_buffer) {
+          last.length += s.length;
+          continue;
+        }
+      }
+      runs.push_back(optim::UpdateRun{s.param, s.shard_offset, s.length, param_ptr, grad_ptr});
+    }
+  }
+
+  // ---- the step ---------------------------------------------------------------------------
+
+  // Every rank validates its hyperparameters; one tiny all-reduce makes all ranks fail
+  // together when any rank's are invalid, instead of leaving the others in the sync.
+  void agree_on_hyperparams() {
+    std::string local_error;
+    for (std::size_t g = 0; g < groups.size() && local_error.empty(); ++g) {
+      try {
+        optim::validate_hyperparams(groups[g], config.algorithm, static_cast<int>(g));
+      } catch (const Error& e) {
+        local_error = e.what();
+      }
+    }
+    float failed_rank = local_error.empty() ? 0.f : static_cast<float>(rank() + 1);
+    if (world() > 1) comm->all_reduce(&failed_rank, 1, DType::f32, ReduceOp::max);
+    if (!local_error.empty()) throw Error(ErrorCode::invalid_argument, local_error);
+    SHARDOPT_CHECK(failed_rank == 0.f, invalid_argument,
+                   "step refused: rank {} has invalid hyperparameters (its error names them)",
+                   static_cast<int>(failed_rank) - 1);
+  }
+
+  void update_shard() {
+    const int threads = config.cpu_threads;
+    for (const optim::UpdateRun& run : runs) {
+      const optim::ParamRecord& p = params[static_cast<std::size_t>(run.first_param)];
+      const Hyperparams& h = groups[static_cast<std::size_t>(p.group)];
+      float* exp_avg = state[optim::kExpAvg].data() + run.shard_offset;
+      if (config.algorithm == Algorithm::sgd) {
+        const kernels::SgdScalars s = kernels::make_sgd_scalars(
+            h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, h.maximize, !p.has_momentum_buffer);
+        float* momentum = state[optim::kMomentum].empty() ? nullptr : state[optim::kMomentum].data() + run.shard_offset;
+        kernels::sgd_update_cpu(run.param, run.grad, momentum, run.length, s, threads);
+      } else {
+        const kernels::AdamScalars s = kernels::make_adam_scalars(
+            h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, config.algorithm == Algorithm::adamw,
+            h.amsgrad, h.maximize, p.step + 1);
+        float* max_sq = state[optim::kMaxExpAvgSq].empty() ? nullptr : state[optim::kMaxExpAvgSq].data() + run.shard_offset;
+        kernels::adam_update_cpu(run.param, run.grad, exp_avg, state[optim::kExpAvgSq].data() + run.shard_offset,
+                                 max_sq, run.length, s, threads);
+      }
+    }
+    // Every rank advances every trainable param, so step counts agree without communication.
+    for (optim::ParamRecord& p : params) {
+      if (!p.trainable) continue;
+      ++p.step;
+      if (config.algorithm == Algorithm::sgd) {
+        p.has_momentum_buffer = groups[static_cast<std::size_t>(p.group)].momentum != 0.0;
+      }
+    }
+  }
+
+  // Copies pieces between the caller's param buffers and the rank-ordered staging buffer.
+  void copy_segments(const partition::RankShard& shard, bool to_staging) {
+    for (const partition::Segment& s : shard.segments) {
+      float* user = params[static_cast<std::size_t>(s.param)].user_param + s.param_offset;
+      float* staged = sync_staging.data() + shard.offset + s.shard_offset;
+      const auto bytes = static_cast<std::size_t>(s.length) * sizeof(float);
+      if (bytes == 0) continue;
+      if (to_staging) std::memcpy(staged, user, bytes);
+      else std::memcpy(user, staged, bytes);
+    }
+  }
+
+  // Every rank's shard of `buffer` (laid out as layout.shards) reaches every rank.
+  void exchange_shards(float* buffer) {
+    if (layout.strategy == partition::Strategy::flat) {
+      const int64_t count = own_shard().numel;
+      if (count > 0) comm->all_gather(buffer + own_shard().offset, buffer, count, DType::f32);
+      return;
+    }
+    // sorted_greedy: shards differ in size; one broadcast per rank, cut into buckets, all in
+    // flight together.
+    std::vector<std::unique_ptr<PendingCollective>> pending;
+    for (int r = 0; r < world(); ++r) {
+      const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
+      for (int64_t begin = 0; begin < shard.numel; begin += bucket_elements()) {
+        const int64_t count = std::min(bucket_elements(), shard.numel - begin);
+        pending.push_back(comm->broadcast_async(buffer + shard.offset + begin, count, DType::f32, r));
+      }
+    }
+    for (auto& p : pending) p->wait();
+  }
+
+  void sync_params() {
+    if (!sharded()) return;
+    if (bucket_view()) {
+      exchange_shards(flat_params.data());
+      return;
+    }
+    copy_segments(own_shard(), /*to_staging=*/true);
+    exchange_shards(sync_staging.data());
+    for (int r = 0; r < world(); ++r) {
+      if (r != rank()) copy_segments(layout.shards[static_cast<std::size_t>(r)], /*to_staging=*/false);
+    }
+  }
+
+  void step() {
+    if (layout_dirty) rebuild_layout();
+    agree_on_hyperparams();
+    ensure_state_kinds();
+    update_shard();
+    sync_params();
+  }
+
+  void reduce_gradients() {
+    if (layout_dirty) rebuild_layout();
+    if (world() == 1) return;
+    std::vector<std::unique_ptr<PendingCollective>> pending;
+    if (bucket_view()) {
+      const int64_t total = layout.buffer_numel;
+      for (int64_t begin = 0; begin < total; begin += bucket_elements()) {
+        const int64_t count = std::min(bucket_elements(), total - begin);
+        pending.push_back(comm->all_reduce_async(flat_grads.data() + begin, count, DType::f32, ReduceOp::avg));
+      }
+      for (auto& p : pending) p->wait();
+      return;
+    }
+    // External: pack trainable grads into one staging bucket at a time, average, unpack.
+    struct Piece { float* grad; int64_t offset; int64_t length; };
+    std::vector<Piece> pieces;
+    int64_t filled = 0;
+    auto flush = [&] {
+      if (filled == 0) return;
+      comm->all_reduce(grad_staging.data(), filled, DType::f32, ReduceOp::avg);
+      for (const Piece& piece : pieces) {
+        std::memcpy(piece.grad, grad_staging.data() + piece.offset, static_cast<std::size_t>(piece.length) * sizeof(float));
+      }
+      pieces.clear();
+      filled = 0;
+    };
+    for (const optim::ParamRecord& p : params) {
+      if (!p.trainable) continue;
+      for (int64_t done = 0; done < p.numel;) {
+        const int64_t length = std::min(p.numel - done, grad_staging.numel() - filled);
+        std::memcpy(grad_staging.data() + filled, p.user_grad + done, static_cast<std::size_t>(length) * sizeof(float));
+        pieces.push_back(Piece{p.user_grad + done, filled, length});
+        filled += length;
+        done += length;
+        if (filled == grad_staging.numel()) flush();
+      }
+    }
+    flush();
+  }
+};
+
+}  // namespace shardopt
