@@ -1,7 +1,8 @@
 // kernels/update_rules.hpp — the per-element SGD/Adam/AdamW rules: one source of truth for CPU and CUDA.
 //
-// Each rule reproduces torch.optim's single-tensor formulas (torch 1.13 / 2.x, foreach=False)
-// operation by operation in float32. Per-step scalars (bias corrections, step size, decay
+// Each rule follows torch.optim's single-tensor formulas (foreach=False) operation by operation
+// in float32, without fused multiply-adds: bitwise equal to torch's non-vectorised CPU kernels
+// (torch 1.13); torch's AVX2 kernels fuse some steps into FMAs and differ by an ulp or so. Per-step scalars (bias corrections, step size, decay
 // factor) are computed once on the host in double, as Python does, and rounded to float
 // where torch rounds them.
 #pragma once
@@ -83,7 +84,8 @@ struct AdamRule {
       v_hat = vm;
     }
     float denom = sqrtf(v_hat) / s.bias_correction2_sqrt + s.eps;
-    p = param + s.neg_step_size * (m_new / denom);
+    // addcdiv_(m, denom, value=-step_size) scales the numerator before dividing.
+    p = param + (s.neg_step_size * m_new) / denom;
   }
 };
 

@@ -200,6 +200,8 @@ struct ZeroOptimizer::Impl {
         needed[optim::kMaxExpAvgSq] = needed[optim::kMaxExpAvgSq] || h.amsgrad;
       }
     }
+    // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
+    for (std::size_t k = 0; k < optim::kStateKinds; ++k) needed[k] = needed[k] || !state[k].empty();
     return needed;
   }
 
@@ -380,8 +382,9 @@ struct ZeroOptimizer::Impl {
     for (optim::ParamRecord& p : params) {
       if (!p.trainable) continue;
       ++p.step;
-      if (config.algorithm == Algorithm::sgd) {
-        p.has_momentum_buffer = groups[static_cast<std::size_t>(p.group)].momentum != 0.0;
+      // torch keeps a momentum buffer through steps taken with momentum 0 and resumes it.
+      if (config.algorithm == Algorithm::sgd && groups[static_cast<std::size_t>(p.group)].momentum != 0.0) {
+        p.has_momentum_buffer = true;
       }
     }
   }

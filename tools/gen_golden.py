@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""tools/gen_golden.py — writes torch.optim trajectories (SGD/Adam/AdamW) as golden parity vectors.
+
+Each case builds a few float32 parameters from a seeded generator, feeds K gradient sets to
+torch.optim.<Optimizer>(..., foreach=False) and records every parameter after every step, so
+tests/parity can replay the same gradients through shardopt and compare.
+
+Output (default: tests/data next to this repository's tools/):
+  golden_index.json     the case list and what produced it (torch version, CPU capability)
+  golden_<case>.json    one case: optimizer, groups (param indices, torch's hyperparameter names
+                        and values at step 1, and per_step: the value of lr, and of any other
+                        hyperparameter a schedule changes, at every step), initial params,
+                        grads[step][param], expected[step][param] (the params after that step)
+Every float32 value is written as Python's float.hex() of that value (e.g. "-0x1.8p-3"): exact,
+sign- and zero-preserving, and parsed by C's strtof without any decimal rounding question.
+
+Needs only torch (no numpy), so any interpreter that can `import torch` works, e.g.
+  /usr/bin/python3 tools/gen_golden.py [--out DIR]
+The output is byte-identical across runs with the same torch build. torch's CPU kernels fuse
+`a + alpha*b` into an FMA on AVX2/AVX512 builds; run with ATEN_CPU_CAPABILITY=default to get
+the unfused arithmetic instead (the capability used is recorded in the files).
+"""
+
+import argparse
+import inspect
+import json
+import math
+import os
+import re
+import sys
+import zlib
+
+try:
+    import torch
+except ImportError:  # a clear message instead of a traceback: the default python3 may lack torch
+    sys.stderr.write(
+        "gen_golden.py: cannot import torch with %s; run it with an interpreter that has torch "
+        "(e.g. /usr/bin/python3 on Debian with python3-torch)\n" % sys.executable)
+    sys.exit(2)
+
+FORMAT = "shardopt-golden-v1"
+STEPS = 5
+PARAM_NUMELS = (1, 7, 37, 67)  # 37 and 67 cover torch's 16-wide vector body plus a scalar tail
+# Gradient magnitude per step: a large step followed by small ones makes AMSGrad's running max
+# differ from exp_avg_sq, and the tiny step makes eps matter.
+STEP_SCALES = (1.0, 0.05, 2.0, 1e-3, 0.5)
+
+# torch hyperparameter names that shardopt's Hyperparams models, per optimizer.
+HYPER_KEYS = {
+    "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
+    "Adam": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+}
+# Group options that select an implementation rather than the math; they must stay at these
+# values so the single-tensor reference path runs.
+NEUTRAL_OPTIONS = {"foreach": (False, None), "differentiable": (False,), "capturable": (False,),
+                   "fused": (False, None)}
+
+
+def case(name, optimizer, groups, schedule=None, description=""):
+    """groups: list of (param indices, torch kwargs).
+    schedule: {group: {hyperparameter: [value per step]}}, written into the group before each
+    step as a trainer's scheduler would."""
+    return {"name": name, "optimizer": optimizer, "groups": groups,
+            "schedule": schedule or {}, "description": description}
+
+
+ALL = [0, 1, 2, 3]
+CASES = [
+    # SGD: lr is required by torch, so every case sets it.
+    case("sgd_plain", "SGD", [(ALL, dict(lr=0.1))]),
+    case("sgd_momentum", "SGD", [(ALL, dict(lr=0.1, momentum=0.9))],
+         description="first step clones d_p into the momentum buffer"),
+    case("sgd_momentum_dampening", "SGD", [(ALL, dict(lr=0.1, momentum=0.9, dampening=0.3))],
+         description="dampening is not applied on the first step"),
+    case("sgd_nesterov", "SGD", [(ALL, dict(lr=0.1, momentum=0.9, nesterov=True))]),
+    case("sgd_weight_decay", "SGD", [(ALL, dict(lr=0.1, weight_decay=0.05))]),
+    case("sgd_maximize", "SGD", [(ALL, dict(lr=0.1, maximize=True))]),
+    case("sgd_all_nesterov", "SGD",
+         [(ALL, dict(lr=0.05, momentum=0.8, weight_decay=0.01, nesterov=True, maximize=True))],
+         description="nesterov requires dampening 0, hence two 'all combined' cases"),
+    case("sgd_all_dampening", "SGD",
+         [(ALL, dict(lr=0.05, momentum=0.8, dampening=0.25, weight_decay=0.01, maximize=True))]),
+    case("sgd_lr_schedule", "SGD", [(ALL, dict(lr=0.1, momentum=0.9, weight_decay=0.01))],
+         schedule={0: {"lr": [0.1, 0.05, 0.2, 0.02, 0.1]}}),
+    case("sgd_momentum_schedule", "SGD", [(ALL, dict(lr=0.1, momentum=0.0, dampening=0.1))],
+         schedule={0: {"momentum": [0.0, 0.9, 0.9, 0.0, 0.5]}},
+         description="torch creates the momentum buffer at the first step with momentum != 0 and "
+                     "keeps it, untouched, through momentum-0 steps"),
+    case("sgd_two_groups", "SGD",
+         [([0, 2], dict(lr=0.1, momentum=0.9)),
+          ([1, 3], dict(lr=0.03, momentum=0.5, nesterov=True, weight_decay=0.02))],
+         schedule={1: {"lr": [0.03, 0.06, 0.01, 0.03, 0.02]}},
+         description="groups own their hyperparameters; only group 1 changes lr"),
+    # Adam
+    case("adam_default", "Adam", [(ALL, dict())]),
+    case("adam_weight_decay", "Adam", [(ALL, dict(weight_decay=0.05))]),
+    case("adam_amsgrad", "Adam", [(ALL, dict(amsgrad=True))]),
+    case("adam_maximize", "Adam", [(ALL, dict(maximize=True))]),
+    case("adam_amsgrad_wd_maximize", "Adam",
+         [(ALL, dict(amsgrad=True, weight_decay=0.05, maximize=True))]),
+    case("adam_custom", "Adam", [(ALL, dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6))],
+         description="non-default lr, betas and eps"),
+    case("adam_lr_schedule", "Adam", [(ALL, dict(lr=1e-3, weight_decay=0.01))],
+         schedule={0: {"lr": [1e-3, 3e-3, 5e-4, 1e-2, 2e-3]}}),
+    case("adam_two_groups", "Adam",
+         [([3, 0], dict(lr=2e-3)),
+          ([1, 2], dict(lr=1e-2, betas=(0.5, 0.9), amsgrad=True, weight_decay=0.1))],
+         description="per-group betas/amsgrad; group 0 lists its params out of index order"),
+    # AdamW (torch's default weight_decay is 1e-2)
+    case("adamw_default", "AdamW", [(ALL, dict())]),
+    case("adamw_weight_decay", "AdamW", [(ALL, dict(weight_decay=0.1))]),
+    case("adamw_amsgrad", "AdamW", [(ALL, dict(amsgrad=True, weight_decay=0.1))]),
+    case("adamw_maximize", "AdamW", [(ALL, dict(maximize=True, weight_decay=0.1))]),
+    case("adamw_custom", "AdamW",
+         [(ALL, dict(lr=5e-3, betas=(0.85, 0.995), eps=1e-7, weight_decay=0.2))],
+         description="non-default lr, betas and eps"),
+    case("adamw_hyper_schedule", "AdamW", [(ALL, dict(lr=1e-2, weight_decay=0.1))],
+         schedule={0: {"betas": [(0.9, 0.999)] * 2 + [(0.8, 0.99)] * 3,
+                       "eps": [1e-8, 1e-8, 1e-8, 1e-6, 1e-6],
+                       "weight_decay": [0.1, 0.1, 0.0, 0.0, 0.3]}},
+         description="bias corrections use the current betas with the running step count"),
+    case("adamw_lr_schedule", "AdamW", [(ALL, dict(lr=1e-2, weight_decay=0.1))],
+         schedule={0: {"lr": [1e-2, 5e-3, 2e-2, 1e-3, 1e-2]}},
+         description="the decoupled decay factor 1 - lr*wd follows the lr"),
+]
+
+
+def hexf(value):
+    """Exact text for a float32 value: float.hex() with the mantissa's trailing zeros cut."""
+    if not math.isfinite(value):
+        raise ValueError("non-finite value %r in golden data" % value)
+    mantissa, exponent = value.hex().split("p")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return mantissa + "p" + exponent
+
+
+def hex_list(tensor):
+    assert tensor.dtype == torch.float32
+    return [hexf(v) for v in tensor.detach().reshape(-1).tolist()]
+
+
+def cpu_capability():
+    """The ATen CPU kernel flavour in use ("AVX2", "NO AVX", ...): it decides FMA contraction."""
+    getter = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if getter is not None:
+        return getter()
+    match = re.search(r"CPU capability usage: (.*)", torch.__config__.show())
+    return match.group(1).strip() if match else "unknown"
+
+
+def make_optimizer(optimizer_name, param_groups):
+    cls = getattr(torch.optim, optimizer_name)
+    kwargs = {}
+    # foreach=False selects the per-tensor loop (the reference formulas) on every version.
+    if "foreach" in inspect.signature(cls.__init__).parameters:
+        kwargs["foreach"] = False
+    return cls(param_groups, **kwargs)
+
+
+def torch_hyperparams(optimizer_name, group):
+    for key, allowed in NEUTRAL_OPTIONS.items():
+        if key in group and group[key] not in allowed:
+            raise RuntimeError("group option %s=%r would leave the reference path"
+                               % (key, group[key]))
+    return {key: json_hyper(key, group[key]) for key in HYPER_KEYS[optimizer_name]}
+
+
+def json_hyper(key, value):
+    """A hyperparameter as JSON: bools stay bools, betas a [beta1, beta2] pair, the rest doubles
+    (repr of a Python float round-trips exactly through any correct JSON parser)."""
+    if key == "betas":
+        return [float(value[0]), float(value[1])]
+    if isinstance(value, bool):
+        return value
+    return float(value)
+
+
+def run_case(spec):
+    seed = zlib.crc32(spec["name"].encode())  # per case, stable when cases are added or reordered
+    gen = torch.Generator().manual_seed(seed)
+    inits = [torch.randn(n, generator=gen, dtype=torch.float32) * 0.5 for n in PARAM_NUMELS]
+    # Per-element magnitudes over 4 decades so some gradients are tiny against eps.
+    elem_scales = [torch.pow(10.0, -4.0 * torch.rand(n, generator=gen)) for n in PARAM_NUMELS]
+    grads = []
+    for step in range(STEPS):
+        grads.append([(torch.randn(n, generator=gen, dtype=torch.float32) * STEP_SCALES[step]
+                       * elem_scales[i]).to(torch.float32)
+                      for i, n in enumerate(PARAM_NUMELS)])
+
+    params = [torch.nn.Parameter(t.clone()) for t in inits]
+    used = sorted(i for indices, _ in spec["groups"] for i in indices)
+    if used != list(range(len(params))):
+        raise RuntimeError("%s: every param must be in exactly one group" % spec["name"])
+    opt = make_optimizer(spec["optimizer"], [dict(params=[params[i] for i in indices], **kw)
+                                             for indices, kw in spec["groups"]])
+
+    per_step = []  # per group: {hyperparameter: [value per step]}, lr always included
+    for g, group in enumerate(opt.param_groups):
+        values = {"lr": [group["lr"]] * STEPS}
+        for key, seq in spec["schedule"].get(g, {}).items():
+            if key not in HYPER_KEYS[spec["optimizer"]] or len(seq) != STEPS:
+                raise RuntimeError("%s: bad schedule for %s" % (spec["name"], key))
+            values[key] = list(seq)
+        per_step.append(values)
+    for g, group in enumerate(opt.param_groups):
+        group.update({key: seq[0] for key, seq in per_step[g].items()})
+    hypers = [torch_hyperparams(spec["optimizer"], group) for group in opt.param_groups]
+
+    expected = []
+    for step in range(STEPS):
+        for g, group in enumerate(opt.param_groups):
+            # A scheduler writes the group between steps; torch reads it at step().
+            group.update({key: seq[step] for key, seq in per_step[g].items()})
+        for p, grad in zip(params, grads[step]):
+            p.grad = grad.clone()
+        opt.step()
+        expected.append([hex_list(p) for p in params])
+
+    return {
+        "format": FORMAT,
+        "case": spec["name"],
+        "description": spec["description"],
+        "optimizer": spec["optimizer"],
+        "float_encoding": "float32 values as float.hex() strings",
+        "seed": seed,
+        "steps": STEPS,
+        "params": [{"name": "p%d" % i, "numel": n, "init": hex_list(inits[i])}
+                   for i, n in enumerate(PARAM_NUMELS)],
+        "groups": [{"params": list(indices), "hyperparams": hypers[g],
+                    "per_step": {key: [json_hyper(key, v) for v in seq]
+                                 for key, seq in per_step[g].items()}}
+                   for g, (indices, _) in enumerate(spec["groups"])],
+        "grads": [[hex_list(t) for t in step_grads] for step_grads in grads],
+        "expected": expected,
+    }
+
+
+def write_json(path, data):
+    # indent puts every list element on its own line; innermost lists (tensors, betas, indices)
+    # go back on one line each so the files stay small and diff per tensor. No string inside
+    # such a list contains whitespace, so collapsing it is safe.
+    text = json.dumps(data, indent=1)
+    text = re.sub(r"\[([^\[\]{}]*)\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)).strip() + "]",
+                  text)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def main(argv):
+    default_out = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests",
+                               "data")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=default_out, help="output folder (default: tests/data)")
+    args = parser.parse_args(argv)
+    out = os.path.normpath(args.out)
+    os.makedirs(out, exist_ok=True)
+
+    torch.set_num_threads(1)  # no intra-op split can change how elements are grouped
+    names = []
+    for spec in CASES:
+        write_json(os.path.join(out, "golden_%s.json" % spec["name"]), run_case(spec))
+        names.append(spec["name"])
+    # Drop files of cases that no longer exist so the folder matches the index.
+    for stale in os.listdir(out):
+        m = re.fullmatch(r"golden_(.+)\.json", stale)
+        if m and m.group(1) not in names and stale != "golden_index.json":
+            os.remove(os.path.join(out, stale))
+    write_json(os.path.join(out, "golden_index.json"), {
+        "format": FORMAT,
+        "generator": "tools/gen_golden.py",
+        "torch_version": torch.__version__,
+        "cpu_capability": cpu_capability(),
+        "cases": names,
+    })
+    print("gen_golden.py: wrote %d cases to %s (torch %s, CPU capability %s)"
+          % (len(names), out, torch.__version__, cpu_capability()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
