@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# tools/install_deps.sh — installs the Debian packages shardopt needs, only those missing, quietly.
+#
+# Sourced by tools/demo.sh and tools/test.sh:
+#   source tools/install_deps.sh && shardopt_install_deps [extra packages...]
+# or run directly: bash tools/install_deps.sh [extra packages...]
+# Meant to be sourced by bash scripts, so it sets no shell options and never exits the caller.
+
+SHARDOPT_DEB_PACKAGES=(
+  cmake g++ make pkg-config
+  libopenmpi-dev openmpi-bin
+  catch2 libfmt-dev libopenblas-dev nlohmann-json3-dev
+)
+
+# Prints, one per line, the packages of "$@" that dpkg does not report as installed.
+shardopt_missing_packages() {
+  local package
+  for package in "$@"; do
+    # "ii " = wanted and installed; anything else (absent, half-installed, removed) is missing.
+    if [[ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$package" 2>/dev/null)" != ii* ]]; then
+      echo "$package"
+    fi
+  done
+}
+
+# Installs SHARDOPT_DEB_PACKAGES plus "$@" where missing. Runs apt-get (update first, since a
+# fresh image has no package lists) only when something is missing; returns non-zero on failure.
+shardopt_install_deps() {
+  local packages=("${SHARDOPT_DEB_PACKAGES[@]}" "$@")
+  if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+    echo "install_deps: not a Debian system; make sure these (or their equivalents) are" \
+         "installed: ${packages[*]}" >&2
+    return 0
+  fi
+  local missing=()
+  mapfile -t missing < <(shardopt_missing_packages "${packages[@]}")
+  if (( ${#missing[@]} == 0 )); then
+    return 0
+  fi
+
+  local as_root=()
+  if (( EUID != 0 )); then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "install_deps: missing packages (${missing[*]}) and not root; install them as root" >&2
+      return 1
+    fi
+    as_root=(sudo)
+  fi
+
+  echo "install_deps: installing ${missing[*]}" >&2
+  local log status=0
+  log="$(mktemp)" || return 1
+  {
+    "${as_root[@]}" apt-get update -qq &&
+      "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  } >"$log" 2>&1 || status=$?
+  if (( status != 0 )); then
+    echo "install_deps: apt-get failed (exit $status); its last lines:" >&2
+    tail -n 20 "$log" >&2
+  fi
+  rm -f "$log"
+  return "$status"
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  shardopt_install_deps "$@"
+fi
