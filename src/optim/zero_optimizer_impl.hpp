@@ -445,14 +445,21 @@ struct ZeroOptimizer::Impl {
   void reduce_gradients() {
     if (layout_dirty) rebuild_layout();
     if (world() == 1) return;
-    std::vector<std::unique_ptr<PendingCollective>> pending;
     if (bucket_view()) {
+      // Two buckets in flight: the next one starts while the last finishes, and MPI's
+      // temporary buffers stay at two buckets instead of a whole gradient's worth.
+      std::unique_ptr<PendingCollective> in_flight[2];
       const int64_t total = layout.buffer_numel;
-      for (int64_t begin = 0; begin < total; begin += bucket_elements()) {
+      int64_t index = 0;
+      for (int64_t begin = 0; begin < total; begin += bucket_elements(), ++index) {
         const int64_t count = std::min(bucket_elements(), total - begin);
-        pending.push_back(comm->all_reduce_async(flat_grads.data() + begin, count, DType::f32, ReduceOp::avg));
+        auto& slot = in_flight[index % 2];
+        if (slot) slot->wait();
+        slot = comm->all_reduce_async(flat_grads.data() + begin, count, DType::f32, ReduceOp::avg);
       }
-      for (auto& p : pending) p->wait();
+      for (auto& slot : in_flight) {
+        if (slot) slot->wait();
+      }
       return;
     }
     // External: pack trainable grads into one staging bucket at a time, average, unpack.
