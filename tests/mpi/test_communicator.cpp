@@ -1,6 +1,8 @@
 // tests/mpi/test_communicator.cpp — the MPI communicator's collectives at odd and zero sizes.
 #include <catch2/catch.hpp>
 
+#include <mpi.h>
+
 #include <numeric>
 #include <vector>
 
@@ -81,4 +83,23 @@ TEST_CASE("bad collective arguments are refused", "[comm]") {
   REQUIRE_THROWS_WITH(comm.broadcast(&x, 1, DType::f32, comm.size()), Catch::Contains("is not a rank of this"));
   REQUIRE_THROWS_WITH(comm.all_reduce(&x, 1, DType::bf16, ReduceOp::sum), Catch::Contains("supports f32 only"));
   REQUIRE_THROWS_WITH(comm.all_reduce(&x, -1, DType::f32, ReduceOp::sum), Catch::Contains("negative count"));
+}
+
+TEST_CASE("a borrowed MPI communicator works and stays the caller's", "[comm]") {
+  MPI_Comm mine = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, 0, world()->size() - world()->rank(), &mine);  // reversed ranks
+  {
+    auto borrowed = shardopt::mpi_borrow(&mine);
+    REQUIRE(borrowed->size() == world()->size());
+    REQUIRE(borrowed->rank() == world()->size() - 1 - world()->rank());
+    float v = static_cast<float>(borrowed->rank());
+    borrowed->broadcast(&v, 1, DType::f32, 0);
+    REQUIRE(v == 0.f);
+  }
+  // The borrowed communicator was duplicated, so the caller's one is still usable.
+  int size = 0;
+  REQUIRE(MPI_Comm_size(mine, &size) == MPI_SUCCESS);
+  REQUIRE(size == world()->size());
+  MPI_Comm_free(&mine);
+  REQUIRE_THROWS_WITH(shardopt::mpi_borrow(nullptr), Catch::Contains("the MPI_Comm pointer is null"));
 }
