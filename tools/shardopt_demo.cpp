@@ -57,6 +57,10 @@ const char* const usage_text =
     "  --seed N                            seed of the parameters and data (default 0)\n"
     "  --storage bucket_view|external      who owns the param/grad buffers (default bucket_view)\n"
     "  --threads N                         OpenBLAS and optimizer threads per rank (default 1)\n"
+    "  --save DIR                          after the steps, save a sharded checkpoint of each\n"
+    "                                      mode into DIR/sharded and DIR/replicated\n"
+    "  --resume DIR                        before the steps, load the checkpoint of each mode\n"
+    "                                      from DIR/<mode> (any world size wrote it)\n"
     "  --verbose                           also print every step's loss and the memory report\n"
     "  --check-gradients                   compare the backward pass with finite differences\n"
     "                                      and exit (sizes default to --layers 3 --width 16\n"
@@ -82,6 +86,8 @@ struct Options {
   int threads = 1;
   bool verbose = false;
   bool check_gradients = false;
+  std::string save_dir;    // empty: no checkpoint written
+  std::string resume_dir;  // empty: start from the seeded initial values
   bool help = false;
   // Whether the size was given on the command line: --check-gradients picks tiny defaults.
   bool layers_given = false;
@@ -190,6 +196,10 @@ Options parse_options(int argc, char** argv) {
     } else if (option == "--seed") {
       options.seed = static_cast<uint64_t>(
           parse_integer(option, next(), 0, std::numeric_limits<int64_t>::max()));
+    } else if (option == "--save") {
+      options.save_dir = next();
+    } else if (option == "--resume") {
+      options.resume_dir = next();
     } else if (option == "--threads") {
       options.threads = static_cast<int>(parse_integer(option, next(), 1, 1024));
     } else {
@@ -511,6 +521,9 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
     have_views = true;
   };
 
+  const char* const mode_name = shard_state ? "sharded" : "replicated";
+  if (!options.resume_dir.empty()) opt.load(options.resume_dir + "/" + mode_name);
+
   Mlp mlp(options.layers, options.width, options.batch);
   std::vector<float> input(static_cast<std::size_t>(options.batch) * width);
   std::vector<float> target(input.size());
@@ -540,6 +553,8 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
       }
     }
   }
+
+  if (!options.save_dir.empty()) opt.save(options.save_dir + "/" + mode_name);
 
   refresh_views();
   double sum = 0.0;

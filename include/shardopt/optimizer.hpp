@@ -117,6 +117,26 @@ class ZeroOptimizer {
   double step(const std::function<double()>& closure);
 
   MemoryReport memory_report() const;
+
+  // ---- checkpoints (src/checkpoint/; types in shardopt/checkpoint.hpp) ----
+  // Collective. Every rank writes its shard file into `dir` (created if needed), then rank 0
+  // writes manifest.json last, atomically: a save that fails or crashes midway leaves the
+  // previous checkpoint in `dir` loadable; files of older saves are removed afterwards.
+  void save(const std::string& dir);
+  // Collective. Validates the checkpoint (format version, same params and groups as
+  // registered, every file present with its size and checksum) before changing anything,
+  // raising the same Error on every rank; then restores state, steps, hyperparameters,
+  // trainable flags and parameter values, resharding when the world size or partition differ.
+  void load(const std::string& dir);
+  // Collective: gathers every rank's share of the state on rank `to` (torch's semantics).
+  void consolidate_state_dict(int to = 0);
+  // The state consolidated on this rank by the last consolidate_state_dict(), with the current
+  // param groups; Error(invalid_argument) on a rank that holds none. (`struct StateDict`
+  // declares shardopt::StateDict, defined in checkpoint.hpp, so this header needs no include.)
+  struct StateDict state_dict() const;
+  // Each rank keeps only its share of `state` (call on every rank with the same dict).
+  void load_state_dict(const struct StateDict& state);
+  // ---- end of checkpoints ----
   Communicator& communicator() const;
   const OptimizerConfig& config() const;
 

@@ -1,8 +1,10 @@
 // shardopt/shardopt.hpp — the C++ API in one include.
 #pragma once
 
+#include "shardopt/checkpoint.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/error.hpp"
+#include "shardopt/nccl.hpp"
 #include "shardopt/optimizer.hpp"
 #include "shardopt/types.hpp"
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "optim/flat_buffer.hpp"
 #include "optim/hyperparams.hpp"
 #include "partition/partition.hpp"
+#include "shardopt/checkpoint.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace shardopt {
@@ -80,6 +82,8 @@ struct ZeroOptimizer::Impl {
   optim::FlatBuffer grad_staging;  // external: one bucket for reduce_gradients
   std::vector<int64_t> view_offset;  // bucket view: each param's place in flat_params
   std::vector<optim::UpdateRun> runs;
+  // consolidate_state_dict(to)'s result, on rank `to` only (src/checkpoint).
+  std::optional<StateDict> consolidated_state;
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }

@@ -1,0 +1,89 @@
+// shardopt/checkpoint.hpp — torch-style state dicts and the offline tools over sharded checkpoint directories.
+//
+// The collective entry points (save/load, consolidate_state_dict/state_dict/load_state_dict)
+// are members of ZeroOptimizer (optimizer.hpp). The functions here read and write checkpoint
+// directories without a communicator: the shardopt-ckpt tool and scripts use them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardopt/optimizer.hpp"
+
+namespace shardopt {
+
+// torch.optim's per-parameter state: "step" plus the tensors the algorithm keeps
+// ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" for Adam/AdamW, "momentum_buffer" for SGD),
+// each as many fp32 elements as the parameter.
+struct ParamState {
+  int64_t step = 0;
+  std::map<std::string, std::vector<float>> tensors;
+};
+
+struct ParamGroupState {
+  Hyperparams hyper;
+  std::vector<ParamId> params;  // global indices, registration order
+};
+
+// The whole optimizer's state, as torch's optimizer.state_dict(): state keyed by global param
+// index (params without state, frozen or never stepped, are absent), and the groups.
+struct StateDict {
+  Algorithm algorithm = Algorithm::adam;
+  std::vector<std::string> param_names;  // by global index: checked on load
+  std::map<ParamId, ParamState> state;
+  std::vector<ParamGroupState> param_groups;
+};
+
+// ---- sharded checkpoint directories, offline ------------------------------------------------
+
+struct CheckpointInfo {
+  int format_version = 0;
+  std::string save_id;
+  int world_size = 0;
+  std::string partition;  // "flat", "sorted_greedy" or "replicated"
+  Algorithm algorithm = Algorithm::adam;
+  int num_groups = 0;
+  int num_params = 0;
+  int64_t numel = 0;            // all parameters
+  int64_t trainable_numel = 0;
+  std::vector<std::string> state_kinds;
+  int64_t min_step = 0;  // over trainable params
+  int64_t max_step = 0;
+  int num_files = 0;
+  int64_t file_bytes = 0;  // shard files, manifest excluded
+};
+
+// Reads only the manifest (and checks it is consistent). Error(io) if there is none.
+CheckpointInfo read_checkpoint_info(const std::string& dir);
+
+// Called as long offline operations advance: what is being done, and how far (done of total,
+// in bytes read). shardopt-ckpt draws a progress bar from it when stderr is a terminal.
+using CheckpointProgress = std::function<void(const char* stage, int64_t done, int64_t total)>;
+
+// Checks everything a load would: manifest, every shard file's presence, size, header and
+// CRC32C. Raises the first problem (Error io/corrupt/unsupported naming the file).
+void verify_checkpoint(const std::string& dir,
+                       const CheckpointProgress& progress = {});
+
+// Writes one safetensors file with every parameter ("param.<name>") and its optimizer state
+// ("state.<name>.<kind>") in global parameter order, steps and groups in the metadata. The
+// bytes depend only on the saved training state, not on the world size or partition that
+// wrote the checkpoint. Verifies the checkpoint first; the output is written atomically.
+void export_checkpoint(const std::string& dir, const std::string& out_file,
+                       const CheckpointProgress& progress = {});
+
+struct ReshardOptions {
+  int world_size = 1;
+  // Partition of the new shards; default: the checkpoint's (flat for a replicated one).
+  std::optional<PartitionStrategy> partition;
+};
+// Rewrites the checkpoint in `dir` as one saved by `options.world_size` ranks into `out_dir`
+// (created if needed; may equal `dir`), with the same atomic protocol as a save.
+void reshard_checkpoint(const std::string& dir, const std::string& out_dir, const ReshardOptions& options,
+                        const CheckpointProgress& progress = {});
+
+}  // namespace shardopt

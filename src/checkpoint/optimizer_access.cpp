@@ -1,0 +1,63 @@
+// src/checkpoint/optimizer_access.cpp — state kinds and model comparison for checkpoints.
+#include "checkpoint/optimizer_access.hpp"
+
+namespace shardopt {
+namespace checkpoint {
+
+std::array<bool, optim::kStateKinds> state_kinds_for(Algorithm algorithm, const std::vector<Hyperparams>& groups) {
+  std::array<bool, optim::kStateKinds> needed{};
+  for (const Hyperparams& h : groups) {
+    if (algorithm == Algorithm::sgd) {
+      needed[optim::kMomentum] = needed[optim::kMomentum] || h.momentum != 0.0;
+    } else {
+      needed[optim::kExpAvg] = needed[optim::kExpAvgSq] = true;
+      needed[optim::kMaxExpAvgSq] = needed[optim::kMaxExpAvgSq] || h.amsgrad;
+    }
+  }
+  return needed;
+}
+
+std::vector<std::string> state_kind_names(const std::array<bool, optim::kStateKinds>& kinds) {
+  std::vector<std::string> names;
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    if (kinds[k]) names.push_back(optim::kStateNames[k]);
+  }
+  return names;
+}
+
+namespace {
+
+std::string describe_saved(const ManifestParam& p) {
+  return fmt::format("'{}' (numel {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype), p.group);
+}
+std::string describe_here(const optim::ParamRecord& p) {
+  return fmt::format("'{}' (numel {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype), p.group);
+}
+
+}  // namespace
+
+void check_same_model(Algorithm algorithm, const std::vector<optim::ParamRecord>& params, std::size_t num_groups,
+                      const Manifest& manifest, const std::string& source) {
+  SHARDOPT_CHECK(manifest.algorithm == algorithm, mismatch,
+                 "{} was saved by a {} optimizer; this optimizer runs {}", source, algorithm_name(manifest.algorithm),
+                 algorithm_name(algorithm));
+  const std::size_t common = std::min(manifest.params.size(), params.size());
+  for (std::size_t i = 0; i < common; ++i) {
+    const ManifestParam& saved = manifest.params[i];
+    const optim::ParamRecord& here = params[i];
+    SHARDOPT_CHECK(saved.name == here.name && saved.numel == here.numel && saved.dtype == here.dtype &&
+                       saved.group == here.group,
+                   mismatch, "{} is of another model: parameter #{} is {} in the checkpoint but {} here", source, i,
+                   describe_saved(saved), describe_here(here));
+  }
+  SHARDOPT_CHECK(manifest.params.size() == params.size(), mismatch,
+                 "{} is of another model: it holds {} parameters, {} are registered (first unmatched: {})", source,
+                 manifest.params.size(), params.size(),
+                 manifest.params.size() > common ? describe_saved(manifest.params[common]) + " in the checkpoint"
+                                                 : describe_here(params[common]) + " here");
+  SHARDOPT_CHECK(manifest.groups.size() == num_groups, mismatch,
+                 "{} has {} param groups, this optimizer {}", source, manifest.groups.size(), num_groups);
+}
+
+}  // namespace checkpoint
+}  // namespace shardopt

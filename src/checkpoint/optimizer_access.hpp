@@ -1,0 +1,28 @@
+// src/checkpoint/optimizer_access.hpp — what the checkpoint module derives from ZeroOptimizer::Impl without changing it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.hpp"
+#include "optim/zero_optimizer_impl.hpp"
+
+namespace shardopt {
+namespace checkpoint {
+
+// The state kinds the algorithm keeps for these groups (the same rule as
+// Impl::state_kinds_needed, for groups that are not yet installed).
+std::array<bool, optim::kStateKinds> state_kinds_for(Algorithm algorithm, const std::vector<Hyperparams>& groups);
+std::vector<std::string> state_kind_names(const std::array<bool, optim::kStateKinds>& kinds);
+
+// Error(mismatch) naming the first parameter (or group count) where `manifest` differs from
+// what is registered (names, numels, dtypes, groups), or the algorithm. `source` names the
+// checkpoint in the message.
+void check_same_model(Algorithm algorithm, const std::vector<optim::ParamRecord>& params, std::size_t num_groups,
+                      const Manifest& manifest, const std::string& source);
+
+// ZeroOptimizer::Impl is private to ZeroOptimizer: helpers outside its members take it as a
+// deduced template parameter (the name is never spelled, so no access is needed).
+
+}  // namespace checkpoint
+}  // namespace shardopt

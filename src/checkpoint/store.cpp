@@ -1,0 +1,233 @@
+// src/checkpoint/store.cpp — CheckpointReader, ShardFileWriter and the manifest commit of every save.
+#include "checkpoint/store.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace checkpoint {
+
+// ---- CheckpointReader -------------------------------------------------------------------------
+
+CheckpointReader::CheckpointReader(std::string dir, Manifest manifest)
+    : dir_(std::move(dir)), manifest_(std::move(manifest)) {
+  pieces_.resize(manifest_.params.size());
+  for (std::size_t f = 0; f < manifest_.files.size(); ++f) {
+    for (const partition::Segment& s : manifest_.files[f].segments) {
+      if (s.length > 0) pieces_[static_cast<std::size_t>(s.param)].push_back(Piece{f, &s});
+    }
+  }
+  for (auto& list : pieces_) {
+    std::sort(list.begin(), list.end(),
+              [](const Piece& a, const Piece& b) { return a.segment->param_offset < b.segment->param_offset; });
+  }
+  frozen_offset_.assign(manifest_.params.size(), -1);
+  int64_t frozen = 0;
+  for (std::size_t i = 0; i < manifest_.params.size(); ++i) {
+    if (manifest_.params[i].trainable) continue;
+    frozen_offset_[i] = frozen;
+    frozen += manifest_.params[i].numel;
+  }
+  files_.resize(manifest_.files.size());
+  headers_.resize(manifest_.files.size());
+}
+
+std::string CheckpointReader::file_path(std::size_t file) const {
+  return join_path(dir_, manifest_.files[file].name);
+}
+
+void CheckpointReader::check_file_sizes() const {
+  for (std::size_t f = 0; f < manifest_.files.size(); ++f) {
+    const std::string path = file_path(f);
+    const int64_t size = file_size_or_missing(path);
+    SHARDOPT_CHECK(size >= 0, io, "checkpoint '{}': shard file '{}' is missing", dir_, path);
+    SHARDOPT_CHECK(size == manifest_.files[f].bytes, corrupt,
+                   "checkpoint '{}': shard file '{}' has {} bytes but the manifest says {} ({})", dir_, path, size,
+                   manifest_.files[f].bytes, size < manifest_.files[f].bytes ? "truncated" : "extra bytes");
+  }
+}
+
+void CheckpointReader::check_header(std::size_t file) {
+  if (headers_[file]) return;
+  if (!files_[file]) files_[file] = std::make_unique<InputFile>(file_path(file));
+  SafetensorsHeader header = read_safetensors_header(*files_[file], manifest_.files[file].bytes);
+  const std::string path = file_path(file);
+  auto expect = [&](const std::string& name, int64_t numel) {
+    const TensorEntry* t = header.find(name);
+    SHARDOPT_CHECK(t != nullptr, corrupt, "'{}' has no tensor '{}' (the manifest says it should)", path, name);
+    SHARDOPT_CHECK(t->numel() == numel, corrupt, "'{}': tensor '{}' has {} elements, the manifest says {}", path,
+                   name, t->numel(), numel);
+  };
+  expect(kParamsTensor, manifest_.files[file].shard_numel);
+  for (const std::string& kind : manifest_.state_kinds) expect(kind, manifest_.files[file].shard_numel);
+  if (file == 0 && manifest_.frozen_numel() > 0) expect(kFrozenTensor, manifest_.frozen_numel());
+  const auto id = header.metadata.find("save_id");
+  SHARDOPT_CHECK(id != header.metadata.end() && id->second == manifest_.save_id, corrupt,
+                 "'{}' belongs to another save than the manifest's ('{}')", path, manifest_.save_id);
+  headers_[file] = std::move(header);
+}
+
+void CheckpointReader::verify_checksum(std::size_t file) const {
+  const std::string path = file_path(file);
+  const InputFile input(path);
+  const uint32_t crc = input.crc32c_of_all(manifest_.files[file].bytes);
+  SHARDOPT_CHECK(crc == manifest_.files[file].crc32c, corrupt,
+                 "checkpoint '{}': shard file '{}' is corrupt: CRC32C {:08x}, the manifest says {:08x}", dir_, path,
+                 crc, manifest_.files[file].crc32c);
+}
+
+bool CheckpointReader::has_tensor(const std::string& tensor) const {
+  return tensor == kParamsTensor ||
+         std::find(manifest_.state_kinds.begin(), manifest_.state_kinds.end(), tensor) != manifest_.state_kinds.end();
+}
+
+int64_t CheckpointReader::tensor_start(std::size_t file, const std::string& tensor) {
+  check_header(file);
+  const TensorEntry* t = headers_[file]->find(tensor);
+  SHARDOPT_CHECK(t != nullptr, corrupt, "'{}' has no tensor '{}'", file_path(file), tensor);
+  return headers_[file]->data_start + t->begin;
+}
+
+void CheckpointReader::enqueue(std::size_t file, int64_t file_offset, void* out, std::size_t bytes) {
+  if (bytes == 0) return;
+  char* dest = static_cast<char*>(out);
+  if (!queue_.empty()) {
+    Request& last = queue_.back();
+    if (last.file == file && last.file_offset + static_cast<int64_t>(last.bytes) == file_offset &&
+        last.out + last.bytes == dest) {
+      last.bytes += bytes;
+      return;
+    }
+  }
+  queue_.push_back(Request{file, file_offset, dest, bytes});
+}
+
+void CheckpointReader::read_param_range(const std::string& tensor, int32_t param, int64_t offset, int64_t length,
+                                        float* out) {
+  SHARDOPT_CHECK(has_tensor(tensor), internal, "checkpoint '{}' holds no '{}'", dir_, tensor);
+  const int64_t end = offset + length;
+  int64_t covered = offset;
+  for (const Piece& piece : pieces_[static_cast<std::size_t>(param)]) {
+    const partition::Segment& s = *piece.segment;
+    const int64_t lo = std::max(offset, s.param_offset);
+    const int64_t hi = std::min(end, s.param_offset + s.length);
+    if (lo >= hi) continue;
+    const int64_t element = s.shard_offset + (lo - s.param_offset);
+    enqueue(piece.file, tensor_start(piece.file, tensor) + element * static_cast<int64_t>(sizeof(float)),
+            out + (lo - offset), static_cast<std::size_t>(hi - lo) * sizeof(float));
+    covered += hi - lo;
+  }
+  // The manifest's segments tile every trainable param (checked when it was parsed).
+  SHARDOPT_CHECK(covered == end, internal, "checkpoint '{}': parameter #{} elements [{}, {}) not found", dir_, param,
+                 offset, end);
+}
+
+void CheckpointReader::read_frozen(int32_t param, float* out) {
+  const ManifestParam& p = manifest_.params[static_cast<std::size_t>(param)];
+  SHARDOPT_CHECK(!p.trainable, internal, "parameter '{}' is not frozen in the checkpoint", p.name);
+  enqueue(0, tensor_start(0, kFrozenTensor) + frozen_offset_[static_cast<std::size_t>(param)] * static_cast<int64_t>(sizeof(float)), out,
+          static_cast<std::size_t>(p.numel) * sizeof(float));
+}
+
+void CheckpointReader::flush() {
+  std::vector<Request> queue;
+  queue.swap(queue_);
+  for (const Request& r : queue) {
+    if (!files_[r.file]) files_[r.file] = std::make_unique<InputFile>(file_path(r.file));
+    files_[r.file]->read_at(r.file_offset, r.out, r.bytes);
+  }
+}
+
+// ---- ShardFileWriter --------------------------------------------------------------------------
+
+ShardFileWriter::ShardFileWriter(const std::string& path, std::vector<TensorEntry> tensors,
+                                 const std::map<std::string, std::string>& metadata)
+    : file_(path) {
+  const std::string header = encode_safetensors_header(tensors, metadata);
+  file_.write(header.data(), header.size());
+  expected_bytes_ = static_cast<int64_t>(header.size()) + (tensors.empty() ? 0 : tensors.back().end);
+}
+
+void ShardFileWriter::write(const float* data, int64_t count) {
+  if (count > 0) file_.write(data, static_cast<std::size_t>(count) * sizeof(float));
+}
+
+void ShardFileWriter::write_zeros(int64_t count) {
+  if (count > 0) file_.write_zeros(static_cast<std::size_t>(count) * sizeof(float));
+}
+
+ManifestFile ShardFileWriter::commit() {
+  SHARDOPT_CHECK(file_.bytes() == expected_bytes_, internal, "'{}': wrote {} bytes, the header promises {}",
+                 file_.path(), file_.bytes(), expected_bytes_);
+  file_.commit();
+  ManifestFile f;
+  const std::size_t slash = file_.path().rfind('/');
+  f.name = slash == std::string::npos ? file_.path() : file_.path().substr(slash + 1);
+  f.bytes = file_.bytes();
+  f.crc32c = file_.crc32c();
+  return f;
+}
+
+std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<std::string>& state_kinds,
+                                       int64_t frozen_numel, int index) {
+  std::vector<TensorEntry> tensors;
+  tensors.push_back(TensorEntry{kParamsTensor, {shard_numel}, 0, 0});
+  for (const std::string& kind : state_kinds) tensors.push_back(TensorEntry{kind, {shard_numel}, 0, 0});
+  if (index == 0 && frozen_numel > 0) tensors.push_back(TensorEntry{kFrozenTensor, {frozen_numel}, 0, 0});
+  return tensors;
+}
+
+std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count) {
+  return {{"format", "shardopt-shard"},
+          {"format_version", std::to_string(kFormatVersion)},
+          {"save_id", save_id},
+          {"file_index", std::to_string(index)},
+          {"num_files", std::to_string(count)}};
+}
+
+// ---- saves ------------------------------------------------------------------------------------
+
+std::pair<uint64_t, std::string> next_save_identity(const std::string& dir) {
+  uint64_t generation = 1;
+  try {
+    generation = read_manifest(dir).generation + 1;
+  } catch (const Error&) {
+    // No (readable) previous checkpoint: this is the first generation.
+  }
+  std::random_device device;
+  const uint32_t token = device();
+  return {generation, fmt::format("g{:06d}-{:08x}", generation, token)};
+}
+
+void commit_manifest(const std::string& dir, const Manifest& manifest) {
+  fsync_directory(dir);
+  const std::string text = manifest_to_json(manifest);
+  AtomicFileWriter file(join_path(dir, kManifestName));
+  file.write(text.data(), text.size());
+  file.commit();
+  fsync_directory(dir);
+}
+
+void remove_unreferenced_files(const std::string& dir, const Manifest& manifest) {
+  try {
+    for (const std::string& name : list_directory(dir)) {
+      if (!is_checkpoint_file_name(name)) continue;
+      const bool referenced = std::any_of(manifest.files.begin(), manifest.files.end(),
+                                          [&](const ManifestFile& f) { return f.name == name; });
+      if (!referenced) remove_file_if_present(join_path(dir, name));
+    }
+  } catch (const Error&) {
+    // Leftovers cost disk space only; the new checkpoint is complete either way.
+  }
+}
+
+bool test_abort_requested(const char* point) {
+  const char* value = std::getenv("SHARDOPT_TEST_ABORT_SAVE_AFTER");
+  return value != nullptr && std::string(value) == point;
+}
+
+}  // namespace checkpoint
+}  // namespace shardopt

@@ -1,0 +1,107 @@
+// src/checkpoint/store.hpp — reading parameter pieces out of a checkpoint and writing shard files and manifests.
+//
+// Shared by ZeroOptimizer::save/load (sharded_checkpoint.cpp) and the offline tools
+// (offline.cpp), so both read and write exactly the same format.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/file_io.hpp"
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/safetensors.hpp"
+
+namespace shardopt {
+namespace checkpoint {
+
+// One checkpoint directory opened for reading. Reads are queued by read_param_range() and
+// issued by flush(), merging neighbours: loading a shard saved with the same layout becomes
+// one large read per tensor.
+class CheckpointReader {
+ public:
+  CheckpointReader(std::string dir, Manifest manifest);
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+  std::string file_path(std::size_t file) const;
+
+  // Error(io) naming the file when one is missing, Error(corrupt) when its size differs.
+  void check_file_sizes() const;
+  // Parses file `file`'s header and checks it holds the tensors the manifest promises.
+  void check_header(std::size_t file);
+  // Error(corrupt) naming the file when its CRC32C differs from the manifest's.
+  void verify_checksum(std::size_t file) const;
+
+  bool has_tensor(const std::string& tensor) const;  // "params" or a saved state kind
+  // Queues elements [offset, offset + length) of parameter `param` of `tensor` into `out`.
+  void read_param_range(const std::string& tensor, int32_t param, int64_t offset, int64_t length, float* out);
+  // Queues the whole of frozen parameter `param` into `out`.
+  void read_frozen(int32_t param, float* out);
+  void flush();
+
+ private:
+  struct Piece {
+    std::size_t file;
+    const partition::Segment* segment;
+  };
+  struct Request {
+    std::size_t file;
+    int64_t file_offset;
+    char* out;
+    std::size_t bytes;
+  };
+  int64_t tensor_start(std::size_t file, const std::string& tensor);
+  void enqueue(std::size_t file, int64_t file_offset, void* out, std::size_t bytes);
+
+  std::string dir_;
+  Manifest manifest_;
+  std::vector<std::vector<Piece>> pieces_;  // per param, by param_offset
+  std::vector<int64_t> frozen_offset_;      // per param: element offset in "frozen_params"
+  std::vector<std::unique_ptr<InputFile>> files_;
+  std::vector<std::optional<SafetensorsHeader>> headers_;
+  std::vector<Request> queue_;
+};
+
+// Writes one shard file atomically: the header at construction, then the tensors' elements
+// in the order of `tensors`, then commit().
+class ShardFileWriter {
+ public:
+  ShardFileWriter(const std::string& path, std::vector<TensorEntry> tensors,
+                  const std::map<std::string, std::string>& metadata);
+  void write(const float* data, int64_t count);
+  void write_zeros(int64_t count);
+  // Checks that every promised element was written; returns the file's size and CRC32C.
+  ManifestFile commit();
+
+ private:
+  AtomicFileWriter file_;
+  int64_t expected_bytes_ = 0;
+};
+
+// The tensors of shard file `index` of `count`, in the order they are written: "params", the
+// state kinds, and (file 0 only, when there are frozen params) "frozen_params".
+std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<std::string>& state_kinds,
+                                       int64_t frozen_numel, int index);
+std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count);
+
+// The identity of the next save into `dir`: generation one past the current manifest's
+// (1 when there is none or it is unreadable) and a random token, so a new save never reuses
+// a file name that the previous manifest may point to.
+std::pair<uint64_t, std::string> next_save_identity(const std::string& dir);
+
+// The last step of a save: fsyncs the directory (so the shard renames are durable), writes
+// manifest.json through a temporary name, renames it into place and fsyncs the directory again.
+void commit_manifest(const std::string& dir, const Manifest& manifest);
+// After commit_manifest: removes shard files and temporaries that `manifest` does not name
+// (older saves, crashed saves). Best effort: a failure here never fails the save.
+void remove_unreferenced_files(const std::string& dir, const Manifest& manifest);
+
+// The test hook for crash safety: true when SHARDOPT_TEST_ABORT_SAVE_AFTER equals `point`.
+bool test_abort_requested(const char* point);
+
+}  // namespace checkpoint
+}  // namespace shardopt
