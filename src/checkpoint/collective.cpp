@@ -1,9 +1,10 @@
-// src/checkpoint/collective.cpp — outcome records exchanged as raw 16-bit words, as fingerprint.cpp does.
+// src/checkpoint/collective.cpp — every rank's outcome of a phase, exchanged in fixed-size records.
 #include "checkpoint/collective.hpp"
 
 #include <algorithm>
 #include <cstring>
 
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
@@ -20,7 +21,6 @@ struct Record {
   uint64_t value1 = 0;
   char text[kTextBytes] = {};
 };
-static_assert(sizeof(Record) % 2 == 0, "records travel as 16-bit words");
 
 }  // namespace
 
@@ -33,11 +33,7 @@ std::vector<Outcome> agree_on_outcomes(Communicator& comm, const Outcome& mine, 
   const std::size_t n = std::min(mine.message.size(), kTextBytes - 1);
   std::memcpy(record.text, mine.message.data(), n);
 
-  std::vector<Record> all(static_cast<std::size_t>(comm.size()));
-  all[static_cast<std::size_t>(comm.rank())] = record;
-  // bf16 is only a 16-bit carrier here: gathers move bits without arithmetic.
-  comm.all_gather(&all[static_cast<std::size_t>(comm.rank())], all.data(),
-                  static_cast<int64_t>(sizeof(Record) / 2), DType::bf16);
+  std::vector<Record> all = comm::all_gather_records(comm, record);
 
   std::vector<Outcome> outcomes(all.size());
   for (std::size_t r = 0; r < all.size(); ++r) {

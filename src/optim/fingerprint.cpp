@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "shardopt/error.hpp"
 
@@ -27,7 +28,6 @@ struct Record {
   uint64_t spare = 0;
   char text[kTextBytes] = {};
 };
-static_assert(sizeof(Record) % 2 == 0, "records travel as 16-bit words");
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) {
@@ -41,15 +41,6 @@ void copy_text(char (&dst)[kTextBytes], const std::string& s) {
   const std::size_t n = std::min(s.size(), kTextBytes - 1);
   std::memcpy(dst, s.data(), n);
   dst[n] = '\0';
-}
-
-// Raw bytes through the communicator: 16-bit words are carried bit for bit.
-template <typename T>
-void all_gather_raw(Communicator& comm, const T& mine, std::vector<T>& all) {
-  all.assign(static_cast<std::size_t>(comm.size()), T{});
-  all[static_cast<std::size_t>(comm.rank())] = mine;
-  comm.all_gather(&all[static_cast<std::size_t>(comm.rank())], all.data(),
-                  static_cast<int64_t>(sizeof(T) / 2), DType::bf16);
 }
 
 }  // namespace
@@ -68,8 +59,7 @@ void check_same_registration(Communicator& comm, const std::vector<ParamSignatur
   mine.count = params.size();
   mine.hash = combined;
   copy_text(mine.text, local_error);
-  std::vector<Record> all;
-  all_gather_raw(comm, mine, all);
+  const std::vector<Record> all = comm::all_gather_records(comm, mine);
 
   if (!local_error.empty()) throw Error(local_error_code, local_error);
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -96,8 +86,7 @@ void check_same_registration(Communicator& comm, const std::vector<ParamSignatur
     }
   }
   if (params.size() == all[0].count && first_diff == params.size()) first_diff = UINT64_MAX;
-  std::vector<uint64_t> diffs;
-  all_gather_raw(comm, first_diff, diffs);
+  const std::vector<uint64_t> diffs = comm::all_gather_records(comm, first_diff);
 
   // The lowest rank that differs from rank 0, at its first differing parameter.
   std::size_t culprit = 0;
@@ -111,8 +100,7 @@ void check_same_registration(Communicator& comm, const std::vector<ParamSignatur
   copy_text(described.text, index < params.size()
                                 ? params[index].description
                                 : "nothing (it registered only " + std::to_string(params.size()) + " parameters)");
-  std::vector<Record> descriptions;
-  all_gather_raw(comm, described, descriptions);
+  const std::vector<Record> descriptions = comm::all_gather_records(comm, described);
   raise(ErrorCode::mismatch,
         "{}: parameter registration differs across ranks at parameter #{}: rank {} registered {} "
         "but rank 0 registered {}",
