@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "shardopt/export.hpp"
 #include "shardopt/optimizer.hpp"
 
 namespace shardopt {
@@ -58,7 +59,7 @@ struct CheckpointInfo {
 };
 
 // Reads only the manifest (and checks it is consistent). Error(io) if there is none.
-CheckpointInfo read_checkpoint_info(const std::string& dir);
+SHARDOPT_API CheckpointInfo read_checkpoint_info(const std::string& dir);
 
 // Called as long offline operations advance: what is being done, and how far (done of total,
 // in bytes read). shardopt-ckpt draws a progress bar from it when stderr is a terminal.
@@ -66,14 +67,14 @@ using CheckpointProgress = std::function<void(const char* stage, int64_t done, i
 
 // Checks everything a load would: manifest, every shard file's presence, size, header and
 // CRC32C. Raises the first problem (Error io/corrupt/unsupported naming the file).
-void verify_checkpoint(const std::string& dir,
+SHARDOPT_API void verify_checkpoint(const std::string& dir,
                        const CheckpointProgress& progress = {});
 
 // Writes one safetensors file with every parameter ("param.<name>") and its optimizer state
 // ("state.<name>.<kind>") in global parameter order, steps and groups in the metadata. The
 // bytes depend only on the saved training state, not on the world size or partition that
 // wrote the checkpoint. Verifies the checkpoint first; the output is written atomically.
-void export_checkpoint(const std::string& dir, const std::string& out_file,
+SHARDOPT_API void export_checkpoint(const std::string& dir, const std::string& out_file,
                        const CheckpointProgress& progress = {});
 
 struct ReshardOptions {
@@ -83,7 +84,7 @@ struct ReshardOptions {
 };
 // Rewrites the checkpoint in `dir` as one saved by `options.world_size` ranks into `out_dir`
 // (created if needed; may equal `dir`), with the same atomic protocol as a save.
-void reshard_checkpoint(const std::string& dir, const std::string& out_dir, const ReshardOptions& options,
+SHARDOPT_API void reshard_checkpoint(const std::string& dir, const std::string& out_dir, const ReshardOptions& options,
                         const CheckpointProgress& progress = {});
 
 }  // namespace shardopt

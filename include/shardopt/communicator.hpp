@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "shardopt/export.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt {
@@ -11,7 +12,7 @@ namespace shardopt {
 enum class ReduceOp : int32_t { sum = 0, avg = 1, max = 2 };
 
 // A collective started by a nonblocking call; wait() finishes it (and rethrows its failure).
-class PendingCollective {
+class SHARDOPT_API PendingCollective {
  public:
   virtual ~PendingCollective() = default;
   virtual void wait() = 0;
@@ -25,7 +26,7 @@ struct CommOptions {
 
 // Collectives over one group of ranks. Counts are elements of `dtype`; buffers live on
 // `device()`. All ranks of the group must call the same collectives in the same order.
-class Communicator {
+class SHARDOPT_API Communicator {
  public:
   virtual ~Communicator() = default;
 
@@ -57,9 +58,9 @@ class Communicator {
 
 // MPI backend over host memory. The first form initialises MPI (if nobody has) and finalises
 // it when the last communicator that owns it is destroyed.
-std::shared_ptr<Communicator> mpi_world(const CommOptions& options = {});
+SHARDOPT_API std::shared_ptr<Communicator> mpi_world(const CommOptions& options = {});
 // Borrows the caller's communicator: `mpi_comm` points at an MPI_Comm (opaque here so this
 // header needs no mpi.h). shardopt duplicates it and never finalises MPI.
-std::shared_ptr<Communicator> mpi_borrow(const void* mpi_comm, const CommOptions& options = {});
+SHARDOPT_API std::shared_ptr<Communicator> mpi_borrow(const void* mpi_comm, const CommOptions& options = {});
 
 }  // namespace shardopt

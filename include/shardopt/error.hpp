@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "shardopt/export.hpp"
+
 namespace shardopt {
 
 enum class ErrorCode : int {
@@ -17,9 +19,9 @@ enum class ErrorCode : int {
   timeout = 8,       // a collective did not finish in time (dead or diverged peer)
   internal = 9,
 };
-const char* error_code_name(ErrorCode code);
+SHARDOPT_API const char* error_code_name(ErrorCode code);
 
-class Error : public std::runtime_error {
+class SHARDOPT_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
       : std::runtime_error(message), code_(code) {}

@@ -6,13 +6,14 @@
 
 #include <memory>
 
+#include "shardopt/export.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt {
 
 // Whether this build of shardopt contains the NCCL backend. Without it the factories below
 // raise Error(unsupported).
-bool nccl_compiled_in();
+SHARDOPT_API bool nccl_compiled_in();
 
 // One NCCL rank per MPI rank of MPI_COMM_WORLD (MPI is initialised first if nobody has, as by
 // mpi_world()). Each rank uses CUDA device (node-local rank % devices on the node), or the
@@ -24,16 +25,16 @@ bool nccl_compiled_in();
 // finish in time, or that NCCL reports as failed, aborts the NCCL communicator (which then
 // refuses further use) and raises Error(timeout) or Error(comm) naming the operation and rank.
 // Collective over MPI_COMM_WORLD; a rank that cannot set up its device makes every rank raise.
-std::shared_ptr<Communicator> nccl_world(const CommOptions& options = {}, void* stream = nullptr);
+SHARDOPT_API std::shared_ptr<Communicator> nccl_world(const CommOptions& options = {}, void* stream = nullptr);
 
 // The same over the caller's MPI communicator: `mpi_comm` points at an MPI_Comm; MPI must be
 // initialised and stays the caller's to finalise. Collective over that communicator.
-std::shared_ptr<Communicator> nccl_borrow(const void* mpi_comm, const CommOptions& options = {},
+SHARDOPT_API std::shared_ptr<Communicator> nccl_borrow(const void* mpi_comm, const CommOptions& options = {},
                                           void* stream = nullptr);
 
 // The cudaStream_t a NCCL communicator issues its collectives on, so that callers can order
 // their kernels against it (events, or by using the same stream). Error(invalid_argument) if
 // `comm` is not a NCCL communicator.
-void* nccl_stream(const Communicator& comm);
+SHARDOPT_API void* nccl_stream(const Communicator& comm);
 
 }  // namespace shardopt

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shardopt/export.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/types.hpp"
 
@@ -19,8 +20,8 @@ enum class Storage : int32_t {
   external = 1,     // the caller's buffers stay where they are; shardopt copies to/from them
 };
 
-const char* algorithm_name(Algorithm algorithm);
-const char* partition_name(PartitionStrategy partition);
+SHARDOPT_API const char* algorithm_name(Algorithm algorithm);
+SHARDOPT_API const char* partition_name(PartitionStrategy partition);
 
 // Per-group hyperparameters, with torch.optim's names and defaults. Changeable between steps.
 struct Hyperparams {
@@ -49,6 +50,11 @@ struct OptimizerConfig {
   int cpu_threads = 0;
 };
 
+// Parameters live on the CPU or on one CUDA device (Device::cuda(i)), the same for all of an
+// optimizer's parameters: with a nccl communicator its device(); with the MPI communicator any
+// one device, which over several ranks needs a CUDA-aware MPI (checked at registration). On a
+// CUDA device the flat buffers, the state and all staging live on that device, and the update,
+// copies and collectives run on cuda_stream(), asynchronously to the host.
 struct ParamSpec {
   std::string name;
   // external: the caller's parameter buffer. bucket_view: optional initial values (data may
@@ -74,7 +80,7 @@ struct MemoryReport {
   int64_t trainable_numel = 0;     // trainable elements over all ranks
 };
 
-class ZeroOptimizer {
+class SHARDOPT_API ZeroOptimizer {
  public:
   // Collective over `comm`: every rank must register the same params (names, numels, dtypes,
   // groups) in the same order; a mismatch raises Error(mismatch) naming the first differing
@@ -118,6 +124,12 @@ class ZeroOptimizer {
 
   MemoryReport memory_report() const;
 
+  // CUDA parameters: the cudaStream_t (as void*) all of this optimizer's device work is
+  // enqueued on — nccl_stream(communicator()) with NCCL, a stream of its own otherwise; null for
+  // CPU parameters. Write gradients on this stream (or synchronise yours first) before
+  // reduce_gradients()/step(), and order reads of param_view() after them against it.
+  void* cuda_stream() const;
+
   // ---- checkpoints (src/checkpoint/; types in shardopt/checkpoint.hpp) ----
   // Collective. Every rank writes its shard file into `dir` (created if needed), then rank 0
   // writes manifest.json last, atomically: a save that fails or crashes midway leaves the
@@ -137,6 +149,7 @@ class ZeroOptimizer {
   // Each rank keeps only its share of `state` (call on every rank with the same dict).
   void load_state_dict(const struct StateDict& state);
   // ---- end of checkpoints ----
+
   Communicator& communicator() const;
   const OptimizerConfig& config() const;
 

@@ -4,10 +4,11 @@
 #include "shardopt/checkpoint.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/error.hpp"
+#include "shardopt/export.hpp"
 #include "shardopt/nccl.hpp"
 #include "shardopt/optimizer.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt {
-const char* version();
+SHARDOPT_API const char* version();
 }  // namespace shardopt

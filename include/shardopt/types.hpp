@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "shardopt/export.hpp"
+
 namespace shardopt {
 
 enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
@@ -12,7 +14,7 @@ enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
 inline constexpr std::size_t dtype_size(DType dtype) {
   return dtype == DType::f32 ? 4 : 2;
 }
-const char* dtype_name(DType dtype);
+SHARDOPT_API const char* dtype_name(DType dtype);
 
 struct Device {
   enum class Kind : int32_t { cpu = 0, cuda = 1 };
@@ -28,7 +30,7 @@ struct Device {
   }
   friend bool operator!=(Device a, Device b) { return !(a == b); }
 };
-std::string device_name(Device device);  // "cpu", "cuda:1"
+SHARDOPT_API std::string device_name(Device device);  // "cpu", "cuda:1"
 
 // A non-owning view of a contiguous buffer that lives in someone else's memory.
 struct TensorRef {

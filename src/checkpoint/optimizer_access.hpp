@@ -24,5 +24,14 @@ void check_same_model(Algorithm algorithm, const std::vector<optim::ParamRecord>
 // ZeroOptimizer::Impl is private to ZeroOptimizer: helpers outside its members take it as a
 // deduced template parameter (the name is never spelled, so no access is needed).
 
+// Checkpoints move state through host memory; an optimizer on a CUDA device is refused, on
+// every rank alike (the device is part of the checked registration), before anything happens.
+template <typename ImplT>
+void require_host_state(const ImplT& im, const char* what) {
+  SHARDOPT_CHECK(!im.on_device(), unsupported,
+                 "{}: checkpoints of an optimizer whose parameters are on {} are not supported yet", what,
+                 device_name(im.device));
+}
+
 }  // namespace checkpoint
 }  // namespace shardopt

@@ -153,6 +153,7 @@ void install(ImplT& im, PreparedLoad& prep) {
     if (prep.kinds[k]) im.state[k] = std::move(prep.state[k]);
     else im.state[k].resize(0);
   }
+  im.state_in_use = prep.kinds;
   for (const partition::Segment& s : im.own_shard().segments) {
     if (s.length == 0) continue;
     std::memcpy(im.param_data(static_cast<std::size_t>(s.param)) + s.param_offset, prep.params.data() + s.shard_offset,
@@ -171,6 +172,7 @@ void install(ImplT& im, PreparedLoad& prep) {
 
 void ZeroOptimizer::save(const std::string& dir) {
   Impl& im = *impl_;
+  checkpoint::require_host_state(im, "save");
   Communicator& comm = *im.comm;
   if (im.layout_dirty) im.rebuild_layout();
   const std::string what = fmt::format("save to '{}'", dir);
@@ -259,6 +261,7 @@ void ZeroOptimizer::save(const std::string& dir) {
 
 void ZeroOptimizer::load(const std::string& dir) {
   Impl& im = *impl_;
+  checkpoint::require_host_state(im, "load");
   if (im.layout_dirty) im.rebuild_layout();
   Outcome prepared;
   PreparedLoad prep;

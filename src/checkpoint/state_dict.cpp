@@ -25,6 +25,7 @@ bool has_state(const optim::ParamRecord& p) { return p.trainable && p.step > 0; 
 
 void ZeroOptimizer::consolidate_state_dict(int to) {
   Impl& im = *impl_;
+  checkpoint::require_host_state(im, "consolidate_state_dict");
   Communicator& comm = *im.comm;
   if (im.layout_dirty) im.rebuild_layout();
   // Ranks must agree on `to`, or the gather below would be meaningless.
@@ -103,6 +104,7 @@ StateDict ZeroOptimizer::state_dict() const {
 
 void ZeroOptimizer::load_state_dict(const StateDict& sd) {
   Impl& im = *impl_;
+  checkpoint::require_host_state(im, "load_state_dict");
   if (im.layout_dirty) im.rebuild_layout();
   // Everything is checked before anything changes.
   SHARDOPT_CHECK(sd.algorithm == im.config.algorithm, mismatch,
@@ -154,6 +156,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& sd) {
     p.has_momentum_buffer = it != sd.state.end() && it->second.tensors.count("momentum_buffer") > 0;
   }
   const partition::RankShard& shard = im.own_shard();
+  im.state_in_use = kinds;
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     im.state[k].resize(kinds[k] ? shard.numel : 0);  // zeros: state absent from the dict starts afresh
     if (!kinds[k]) continue;

@@ -29,6 +29,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
   SHARDOPT_CHECK(config.bucket_bytes > 0, invalid_argument, "bucket_bytes must be positive, got {}", config.bucket_bytes);
   impl_->comm = std::move(comm);
   impl_->config = config;
+  impl_->attach_device_communicator();
   impl_->register_groups(groups, "ZeroOptimizer");
 }
 
@@ -92,11 +93,20 @@ TensorRef ZeroOptimizer::grad_view(ParamId id) const {
 uint64_t ZeroOptimizer::layout_version() const { return impl_->layout_version; }
 
 void ZeroOptimizer::zero_grad() {
+  const device::ScopedDevice scope(impl_->device);
+  if (impl_->on_device() && impl_->bucket_view()) {
+    // One fill of the whole flat gradient buffer instead of a launch per parameter: it holds
+    // exactly the parameters' gradients and zero padding.
+    impl_->zero_bytes(impl_->flat_grads.data(), static_cast<std::size_t>(impl_->flat_grads.bytes()));
+    return;
+  }
   for (std::size_t i = 0; i < impl_->params.size(); ++i) {
     const int64_t n = impl_->params[i].numel;
-    if (n > 0) std::memset(impl_->grad_data(i), 0, static_cast<std::size_t>(n) * sizeof(float));
+    if (n > 0) impl_->zero_bytes(impl_->grad_data(i), static_cast<std::size_t>(n) * sizeof(float));
   }
 }
+
+void* ZeroOptimizer::cuda_stream() const { return impl_->stream; }
 
 void ZeroOptimizer::reduce_gradients() { impl_->reduce_gradients(); }
 void ZeroOptimizer::step() { impl_->step(); }

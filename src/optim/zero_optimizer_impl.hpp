@@ -15,10 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi/mpi_cuda_support.hpp"
 #include "core/check.hpp"
+#include "core/device_memory.hpp"
 #include "cpu/update_cpu.hpp"
+#include "optim/device_update.hpp"
 #include "optim/fingerprint.hpp"
 #include "optim/flat_buffer.hpp"
+#include "optim/host_staging.hpp"
 #include "optim/hyperparams.hpp"
 #include "partition/partition.hpp"
 #include "shardopt/checkpoint.hpp"
@@ -68,6 +72,19 @@ inline std::string describe(const ParamRecord& p) {
 struct ZeroOptimizer::Impl {
   std::shared_ptr<Communicator> comm;
   OptimizerConfig config;
+  // Where every buffer (params, grads, state, staging) lives: the params' device. On a CUDA
+  // device all of the optimizer's device work is enqueued on `stream`: nccl_stream(comm) for
+  // NCCL, else `own_stream`. Declared before the buffers so that it outlives them.
+  Device device = Device::cpu();
+  void* stream = nullptr;
+  device::OwnedStream own_stream;
+  // CUDA-aware MPI on device buffers works on the host's timeline: the stream is synchronised
+  // before each collective, and avg (which MpiCommunicator divides on the host) is done as sum
+  // plus a division on the stream.
+  bool host_driven_device_comm = false;
+  // NCCL takes device buffers only: the host-side collectives (fingerprint, hyperparameter
+  // agreement) go through this staging view of it.
+  std::unique_ptr<optim::HostStagedCommunicator> host_staging;
   std::vector<Hyperparams> groups;
   std::vector<optim::ParamRecord> params;
   partition::Layout layout;
@@ -76,6 +93,10 @@ struct ZeroOptimizer::Impl {
   uint64_t layout_version = 0;
 
   std::array<optim::FlatBuffer, optim::kStateKinds> state;  // over this rank's shard
+
+  // Which state kinds exist: the same on every rank, even where a shard is empty.
+
+  std::array<bool, optim::kStateKinds> state_in_use{};
   optim::FlatBuffer flat_params;   // bucket view: trainable shards then frozen params
   optim::FlatBuffer flat_grads;    // bucket view: same offsets as flat_params
   optim::FlatBuffer sync_staging;  // external: the rank-ordered shards, for the param sync
@@ -87,6 +108,8 @@ struct ZeroOptimizer::Impl {
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
+  bool on_device() const { return device.is_cuda(); }
+  Communicator& host_comm() const { return host_staging ? *host_staging : *comm; }
   bool bucket_view() const { return config.storage == Storage::bucket_view; }
   bool sharded() const { return config.shard_state && world() > 1; }
   const partition::RankShard& own_shard() const { return layout.shards[static_cast<std::size_t>(rank())]; }
@@ -113,10 +136,111 @@ struct ZeroOptimizer::Impl {
     return params[static_cast<std::size_t>(id)];
   }
 
+  // ---- devices -------------------------------------------------------------------------------
+
+  // A device communicator (NCCL) fixes the device and the stream before anything is registered.
+  void attach_device_communicator() {
+    if (!comm->device().is_cuda()) return;
+    try {
+      stream = nccl_stream(*comm);
+    } catch (const Error&) {
+      raise(ErrorCode::unsupported,
+            "ZeroOptimizer: the '{}' communicator works on {} but is not a nccl communicator, so "
+            "the optimizer cannot order its kernels against its collectives",
+            comm->backend_name(), device_name(comm->device()));
+    }
+    device = comm->device();
+    host_staging = std::make_unique<optim::HostStagedCommunicator>(*comm, device, stream);
+  }
+
+  // The device all parameters must share, and what fixed it (for messages).
+  struct DeviceChoice {
+    bool fixed = false;
+    Device device = Device::cpu();
+    std::string source;
+  };
+  DeviceChoice current_device_choice() const {
+    if (comm->device().is_cuda()) {
+      return {true, comm->device(), fmt::format("the {} communicator", comm->backend_name())};
+    }
+    if (!params.empty()) return {true, device, fmt::format("parameter '{}'", params.front().name)};
+    return {};
+  }
+
+  void check_param_device(const std::string& label, Device d, DeviceChoice& choice) const {
+    SHARDOPT_CHECK(!d.is_cuda() || device::cuda_compiled_in(), unsupported,
+                   "parameter {} is on {}, but this build has no CUDA support (configure shardopt "
+                   "with SHARDOPT_WITH_CUDA=ON where the CUDA toolkit is installed)",
+                   label, device_name(d));
+    if (!choice.fixed) {
+      const std::string unusable = device::unusable_reason(d);
+      SHARDOPT_CHECK(unusable.empty(), cuda, "parameter {} is on {}, but rank {} cannot use it: {}",
+                     label, device_name(d), rank(), unusable);
+      choice = DeviceChoice{true, d, "parameter " + label};
+    }
+    SHARDOPT_CHECK(d == choice.device, unsupported,
+                   "parameter {} is on {}, but {} is on {}: all parameters of an optimizer must "
+                   "live on one device, the communicator's device for a device communicator",
+                   label, device_name(d), choice.source, device_name(choice.device));
+  }
+
+  // First CUDA parameters over a host communicator: collectives would get device pointers,
+  // which only a CUDA-aware MPI accepts (one rank needs no collective on them at all).
+  void adopt_device(Device d) {
+    if (!d.is_cuda() || on_device()) return;
+    if (world() > 1) {
+      std::string reason = fmt::format("the '{}' communicator is not MPI", comm->backend_name());
+      const bool aware = std::string(comm->backend_name()) == "mpi" && mpi_support::mpi_cuda_aware(&reason);
+      SHARDOPT_CHECK(aware, unsupported,
+                     "parameters on {} over the host-memory '{}' communicator of {} ranks need a "
+                     "CUDA-aware MPI, but {} (rank {}); use nccl_world() or nccl_borrow() for CUDA "
+                     "parameters",
+                     device_name(d), comm->backend_name(), world(), reason, rank());
+    }
+    own_stream = device::OwnedStream(d);
+    stream = own_stream.get();
+    device = d;
+    host_driven_device_comm = world() > 1;
+  }
+
+  optim::FlatBuffer new_buffer(int64_t numel) const {
+    optim::FlatBuffer buffer(device, stream);
+    buffer.resize(numel);
+    return buffer;
+  }
+
+  // The copies and fills of the step pipeline: memcpy/memset on the host; on a device, enqueued
+  // on the stream (device to device, or from the caller's initial values wherever they live).
+  void copy_bytes(void* dst, const void* src, std::size_t bytes) const {
+    if (on_device()) {
+      device::cuda_copy(dst, src, bytes, stream, device);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  }
+  void zero_bytes(void* dst, std::size_t bytes) const {
+    if (on_device()) {
+      device::cuda_zero(dst, bytes, stream, device);
+    } else {
+      std::memset(dst, 0, bytes);
+    }
+  }
+
+  // Before a collective on device buffers: NCCL runs on the stream itself, in order; CUDA-aware
+  // MPI reads the buffers from the host's timeline, so the stream's work must be done.
+  void settle_before_collective() const {
+    if (host_driven_device_comm) device::cuda_synchronize(stream, device, "before an MPI collective on device buffers");
+  }
+  ReduceOp gradient_average_op() const { return host_driven_device_comm ? ReduceOp::sum : ReduceOp::avg; }
+  void finish_gradient_average(float* data, int64_t count) const {
+    if (host_driven_device_comm && count > 0) optim::divide_device(data, count, static_cast<float>(world()), stream);
+  }
+
   // ---- registration ---------------------------------------------------------------------
 
   // Checks one group locally and turns its specs into records (not yet added).
-  std::vector<optim::ParamRecord> records_for(const ParamGroupSpec& spec, int32_t group_index) const {
+  std::vector<optim::ParamRecord> records_for(const ParamGroupSpec& spec, int32_t group_index,
+                                              DeviceChoice& choice) const {
     optim::validate_hyperparams(spec.hyper, config.algorithm, group_index);
     SHARDOPT_CHECK(!spec.params.empty(), invalid_argument,
                    "param group {} has an empty parameter list", group_index);
@@ -125,9 +249,7 @@ struct ZeroOptimizer::Impl {
       const std::string label = p.name.empty() ? fmt::format("#{}", params.size() + records.size()) : "'" + p.name + "'";
       SHARDOPT_CHECK(!p.name.empty(), invalid_argument, "parameter {} in group {} has no name", label, group_index);
       SHARDOPT_CHECK(p.param.numel >= 0, invalid_argument, "parameter {} has negative numel {}", label, p.param.numel);
-      SHARDOPT_CHECK(p.param.device.is_cpu(), unsupported,
-                     "parameter {} is on {}: this build's optimizer keeps parameters on the CPU only",
-                     label, device_name(p.param.device));
+      check_param_device(label, p.param.device, choice);
       SHARDOPT_CHECK(p.param.dtype == DType::f32, unsupported,
                      "parameter {} has dtype {}: only f32 parameters are supported so far", label,
                      dtype_name(p.param.dtype));
@@ -146,6 +268,10 @@ struct ZeroOptimizer::Impl {
                        "parameter {}: gradient ({} elements, {}, {}) does not match the parameter ({} elements, {}, {})",
                        label, p.grad.numel, dtype_name(p.grad.dtype), device_name(p.grad.device),
                        p.param.numel, dtype_name(p.param.dtype), device_name(p.param.device));
+        if (p.param.device.is_cuda() && p.param.numel > 0) {
+          device::check_cuda_pointer(p.param.device, p.param.data, fmt::format("parameter {}: param.data", label));
+          device::check_cuda_pointer(p.param.device, p.grad.data, fmt::format("parameter {}: grad.data", label));
+        }
       }
       for (const optim::ParamRecord& existing : params) {
         SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
@@ -173,10 +299,12 @@ struct ZeroOptimizer::Impl {
     ErrorCode local_code = ErrorCode::invalid_argument;
     try {
       SHARDOPT_CHECK(!specs.empty(), invalid_argument, "{}: the parameter list is empty", what);
+      DeviceChoice choice = current_device_choice();
       for (std::size_t g = 0; g < specs.size(); ++g) {
-        std::vector<optim::ParamRecord> records = records_for(specs[g], static_cast<int32_t>(groups.size() + g));
+        std::vector<optim::ParamRecord> records = records_for(specs[g], static_cast<int32_t>(groups.size() + g), choice);
         for (optim::ParamRecord& r : records) added.push_back(std::move(r));
       }
+      adopt_device(choice.device);
     } catch (const Error& e) {
       local_error = e.what();
       local_code = e.code();
@@ -184,7 +312,7 @@ struct ZeroOptimizer::Impl {
     }
     std::vector<optim::ParamSignature> signatures;
     for (const optim::ParamRecord& r : added) signatures.push_back({optim::describe(r)});
-    optim::check_same_registration(*comm, signatures, what, local_error, local_code);
+    optim::check_same_registration(host_comm(), signatures, what, local_error, local_code);
 
     const std::size_t first_new = params.size();
     for (const ParamGroupSpec& spec : specs) groups.push_back(spec.hyper);
@@ -205,7 +333,7 @@ struct ZeroOptimizer::Impl {
       }
     }
     // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
-    for (std::size_t k = 0; k < optim::kStateKinds; ++k) needed[k] = needed[k] || !state[k].empty();
+    for (std::size_t k = 0; k < optim::kStateKinds; ++k) needed[k] = needed[k] || state_in_use[k];
     return needed;
   }
 
@@ -216,6 +344,7 @@ struct ZeroOptimizer::Impl {
     for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
       if (needed[k] && state[k].numel() != own_shard().numel) state[k].resize(own_shard().numel);
     }
+    state_in_use = needed;
   }
 
   // Moves each state element from its owner in `from` to its owner in `to`. Collective when
@@ -229,15 +358,20 @@ struct ZeroOptimizer::Impl {
     }
     const bool replicated = from.strategy == partition::Strategy::replicated;
     const int sources = replicated ? 1 : world();
+    // One receive buffer for every broadcast (on a device, each allocation would cost a cudaFree).
+    optim::FlatBuffer incoming(device, stream);
+    int64_t largest = 0;
+    for (const partition::RankShard& shard : from.shards) largest = std::max(largest, shard.numel);
     for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-      if (state[k].empty() || next[k].empty()) continue;
+      // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
+      if (!state_in_use[k]) continue;
       for (int r = 0; r < sources; ++r) {
         const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? rank() : r)];
-        optim::FlatBuffer incoming;
         const float* source = state[k].data();
         if (!replicated && world() > 1) {
-          incoming.resize(old_shard.numel);
-          if (r == rank()) std::memcpy(incoming.data(), state[k].data(), static_cast<std::size_t>(incoming.bytes()));
+          if (incoming.empty()) incoming.resize(largest);
+          if (r == rank()) copy_bytes(incoming.data(), state[k].data(), static_cast<std::size_t>(old_shard.numel) * sizeof(float));
+          settle_before_collective();
           comm->broadcast(incoming.data(), old_shard.numel, DType::f32, r);
           source = incoming.data();
         }
@@ -246,9 +380,9 @@ struct ZeroOptimizer::Impl {
             const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
             const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
             if (lo >= hi) continue;
-            std::memcpy(next[k].data() + new_seg->shard_offset + (lo - new_seg->param_offset),
-                        source + old_seg.shard_offset + (lo - old_seg.param_offset),
-                        static_cast<std::size_t>(hi - lo) * sizeof(float));
+            copy_bytes(next[k].data() + new_seg->shard_offset + (lo - new_seg->param_offset),
+                       source + old_seg.shard_offset + (lo - old_seg.param_offset),
+                       static_cast<std::size_t>(hi - lo) * sizeof(float));
           }
         }
       }
@@ -258,15 +392,18 @@ struct ZeroOptimizer::Impl {
   // Builds the layout for the current params and trainable flags, carrying state and (bucket
   // view) values across. `initial`/`first_new`: specs whose initial values seed new params.
   void rebuild_layout(const std::vector<ParamGroupSpec>* initial = nullptr, std::size_t first_new = 0) {
+    const device::ScopedDevice scope(device);
     partition::Layout next = partition::make_layout(strategy(), param_infos(), world(), optim::kShardAlignment);
     const int64_t next_shard = next.shards[static_cast<std::size_t>(rank())].numel;
 
+    // Every kind gets the device, even when empty: ensure_state_kinds() may allocate it later.
     std::array<optim::FlatBuffer, optim::kStateKinds> next_state;
     const auto needed = state_kinds_needed();
     for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-      if (needed[k]) next_state[k].resize(next_shard);
+      next_state[k] = new_buffer(needed[k] ? next_shard : 0);
     }
     if (has_layout) migrate_state(layout, next, next_state);
+    state_in_use = needed;
 
     if (bucket_view()) {
       std::vector<int64_t> next_offset(params.size());
@@ -275,26 +412,28 @@ struct ZeroOptimizer::Impl {
         next_offset[i] = params[i].trainable ? next.param_offset[i] : tail;
         if (!params[i].trainable) tail += params[i].numel;
       }
-      optim::FlatBuffer next_params(tail);
-      optim::FlatBuffer next_grads(tail);
+      optim::FlatBuffer next_params = new_buffer(tail);
+      optim::FlatBuffer next_grads = new_buffer(tail);
       for (std::size_t i = 0; i < params.size(); ++i) {
         const auto bytes = static_cast<std::size_t>(params[i].numel) * sizeof(float);
         if (bytes == 0) continue;
         if (i < view_offset.size()) {
-          std::memcpy(next_params.data() + next_offset[i], flat_params.data() + view_offset[i], bytes);
-          std::memcpy(next_grads.data() + next_offset[i], flat_grads.data() + view_offset[i], bytes);
+          copy_bytes(next_params.data() + next_offset[i], flat_params.data() + view_offset[i], bytes);
+          copy_bytes(next_grads.data() + next_offset[i], flat_grads.data() + view_offset[i], bytes);
         } else if (initial != nullptr) {
           const void* source = initial_value(*initial, i - first_new);
-          if (source != nullptr) std::memcpy(next_params.data() + next_offset[i], source, bytes);
+          if (source != nullptr) copy_bytes(next_params.data() + next_offset[i], source, bytes);
         }
       }
+      // The caller may reuse its initial-value buffers as soon as registration returns.
+      if (initial != nullptr && on_device()) device::cuda_synchronize(stream, device, "initial parameter values");
       flat_params = std::move(next_params);
       flat_grads = std::move(next_grads);
       view_offset = std::move(next_offset);
     } else {
-      sync_staging.resize(sharded() ? next.buffer_numel : 0);
+      sync_staging = new_buffer(sharded() ? next.buffer_numel : 0);
       int64_t trainable = next.trainable_numel;
-      grad_staging.resize(world() > 1 ? std::min(trainable, bucket_elements()) : 0);
+      grad_staging = new_buffer(world() > 1 ? std::min(trainable, bucket_elements()) : 0);
     }
     state = std::move(next_state);
     layout = std::move(next);
@@ -355,7 +494,7 @@ struct ZeroOptimizer::Impl {
       }
     }
     float failed_rank = local_error.empty() ? 0.f : static_cast<float>(rank() + 1);
-    if (world() > 1) comm->all_reduce(&failed_rank, 1, DType::f32, ReduceOp::max);
+    if (world() > 1) host_comm().all_reduce(&failed_rank, 1, DType::f32, ReduceOp::max);
     if (!local_error.empty()) throw Error(ErrorCode::invalid_argument, local_error);
     SHARDOPT_CHECK(failed_rank == 0.f, invalid_argument,
                    "step refused: rank {} has invalid hyperparameters (its error names them)",
@@ -372,14 +511,23 @@ struct ZeroOptimizer::Impl {
         const kernels::SgdScalars s = kernels::make_sgd_scalars(
             h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, h.maximize, !p.has_momentum_buffer);
         float* momentum = state[optim::kMomentum].empty() ? nullptr : state[optim::kMomentum].data() + run.shard_offset;
-        kernels::sgd_update_cpu(run.param, run.grad, momentum, run.length, s, threads);
+        if (on_device()) {
+          optim::sgd_update_device(run.param, run.grad, momentum, run.length, s, stream);
+        } else {
+          kernels::sgd_update_cpu(run.param, run.grad, momentum, run.length, s, threads);
+        }
       } else {
         const kernels::AdamScalars s = kernels::make_adam_scalars(
             h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, config.algorithm == Algorithm::adamw,
             h.amsgrad, h.maximize, p.step + 1);
         float* max_sq = state[optim::kMaxExpAvgSq].empty() ? nullptr : state[optim::kMaxExpAvgSq].data() + run.shard_offset;
-        kernels::adam_update_cpu(run.param, run.grad, exp_avg, state[optim::kExpAvgSq].data() + run.shard_offset,
-                                 max_sq, run.length, s, threads);
+        if (on_device()) {
+          optim::adam_update_device(run.param, run.grad, exp_avg, state[optim::kExpAvgSq].data() + run.shard_offset,
+                                    max_sq, run.length, s, stream);
+        } else {
+          kernels::adam_update_cpu(run.param, run.grad, exp_avg, state[optim::kExpAvgSq].data() + run.shard_offset,
+                                   max_sq, run.length, s, threads);
+        }
       }
     }
     // Every rank advances every trainable param, so step counts agree without communication.
@@ -400,13 +548,14 @@ struct ZeroOptimizer::Impl {
       float* staged = sync_staging.data() + shard.offset + s.shard_offset;
       const auto bytes = static_cast<std::size_t>(s.length) * sizeof(float);
       if (bytes == 0) continue;
-      if (to_staging) std::memcpy(staged, user, bytes);
-      else std::memcpy(user, staged, bytes);
+      if (to_staging) copy_bytes(staged, user, bytes);
+      else copy_bytes(user, staged, bytes);
     }
   }
 
   // Every rank's shard of `buffer` (laid out as layout.shards) reaches every rank.
   void exchange_shards(float* buffer) {
+    settle_before_collective();
     if (layout.strategy == partition::Strategy::flat) {
       const int64_t count = own_shard().numel;
       if (count > 0) comm->all_gather(buffer + own_shard().offset, buffer, count, DType::f32);
@@ -439,6 +588,7 @@ struct ZeroOptimizer::Impl {
   }
 
   void step() {
+    const device::ScopedDevice scope(device);
     if (layout_dirty) rebuild_layout();
     agree_on_hyperparams();
     ensure_state_kinds();
@@ -447,9 +597,11 @@ struct ZeroOptimizer::Impl {
   }
 
   void reduce_gradients() {
+    const device::ScopedDevice scope(device);
     if (layout_dirty) rebuild_layout();
     if (world() == 1) return;
     if (bucket_view()) {
+      settle_before_collective();
       // Two buckets in flight: the next one starts while the last finishes, and MPI's
       // temporary buffers stay at two buckets instead of a whole gradient's worth.
       std::unique_ptr<PendingCollective> in_flight[2];
@@ -459,11 +611,12 @@ struct ZeroOptimizer::Impl {
         const int64_t count = std::min(bucket_elements(), total - begin);
         auto& slot = in_flight[index % 2];
         if (slot) slot->wait();
-        slot = comm->all_reduce_async(flat_grads.data() + begin, count, DType::f32, ReduceOp::avg);
+        slot = comm->all_reduce_async(flat_grads.data() + begin, count, DType::f32, gradient_average_op());
       }
       for (auto& slot : in_flight) {
         if (slot) slot->wait();
       }
+      finish_gradient_average(flat_grads.data(), total);
       return;
     }
     // External: pack trainable grads into one staging bucket at a time, average, unpack.
@@ -472,9 +625,11 @@ struct ZeroOptimizer::Impl {
     int64_t filled = 0;
     auto flush = [&] {
       if (filled == 0) return;
-      comm->all_reduce(grad_staging.data(), filled, DType::f32, ReduceOp::avg);
+      settle_before_collective();
+      comm->all_reduce(grad_staging.data(), filled, DType::f32, gradient_average_op());
+      finish_gradient_average(grad_staging.data(), filled);
       for (const Piece& piece : pieces) {
-        std::memcpy(piece.grad, grad_staging.data() + piece.offset, static_cast<std::size_t>(piece.length) * sizeof(float));
+        copy_bytes(piece.grad, grad_staging.data() + piece.offset, static_cast<std::size_t>(piece.length) * sizeof(float));
       }
       pieces.clear();
       filled = 0;
@@ -483,7 +638,7 @@ struct ZeroOptimizer::Impl {
       if (!p.trainable) continue;
       for (int64_t done = 0; done < p.numel;) {
         const int64_t length = std::min(p.numel - done, grad_staging.numel() - filled);
-        std::memcpy(grad_staging.data() + filled, p.user_grad + done, static_cast<std::size_t>(length) * sizeof(float));
+        copy_bytes(grad_staging.data() + filled, p.user_grad + done, static_cast<std::size_t>(length) * sizeof(float));
         pieces.push_back(Piece{p.user_grad + done, filled, length});
         filled += length;
         done += length;

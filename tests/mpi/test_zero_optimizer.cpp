@@ -369,3 +369,26 @@ TEST_CASE("bucket views are stable and filled with the initial values", "[zero]"
   }
   REQUIRE(opt.param_view(1).as<float>() == opt.param_view(0).as<float>() + 3);  // one flat buffer
 }
+
+TEST_CASE("a re-layout moves state even where a rank's shard is empty", "[zero]") {
+  // sorted_greedy over more ranks than params: some ranks own nothing, yet must still join
+  // every broadcast of the state migration that freezing a param triggers.
+  for (Algorithm algorithm : {Algorithm::adam, Algorithm::sgd}) {
+    CAPTURE(algorithm_name(algorithm));
+    auto run = [&](std::shared_ptr<Communicator> comm) {
+      Model model({8, 4}, 31);
+      OptimizerConfig config;
+      config.algorithm = algorithm;
+      config.partition = PartitionStrategy::sorted_greedy;
+      Hyperparams h = hyper_for(algorithm);
+      ZeroOptimizer opt(comm, config, {model.group(0, 2, h)});
+      for (int s = 0; s < 4; ++s) {
+        if (s == 2) opt.set_trainable(1, false);
+        for (ParamId id = 0; id < 2; ++id) write_grad(opt, id, s);
+        opt.step();
+      }
+      return all_params(opt);
+    };
+    REQUIRE(bitwise_equal(run(world()), run(solo())));
+  }
+}

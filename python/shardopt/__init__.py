@@ -1,0 +1,46 @@
+"""shardopt: ZeRO-style sharded optimizers over MPI for any tensor exposing ``__dlpack__``.
+
+Run under ``mpirun -np N python ...``. Each rank keeps optimizer state for ~1/N of the
+parameters, updates that shard and syncs the parameters back to every rank::
+
+    import shardopt
+    comm = shardopt.mpi_world()
+    opt = shardopt.ZeroOptimizer(
+        comm,
+        [{"params": [(name, p) for name, p in model.named_parameters()], "lr": 1e-3}],
+        shardopt.OptimizerConfig(algorithm=shardopt.Algorithm.adamw, storage=shardopt.Storage.external),
+    )
+"""
+from ._shardopt import (  # noqa: F401  (the public API)
+    Algorithm,
+    Communicator,
+    Error,
+    Hyperparams,
+    MemoryReport,
+    OptimizerConfig,
+    PartitionStrategy,
+    Storage,
+    ZeroOptimizer,
+    mpi_world,
+    nccl_compiled_in,
+    nccl_world,
+    version,
+)
+
+__version__ = version()
+
+
+def torch_param_group(module, with_grads=True, **hyperparams):
+    """A param group of a torch module's named parameters, for external storage.
+
+    Gives every parameter a zeroed ``.grad`` first (when ``with_grads``), so that its gradient
+    buffer exists and stays put: backward accumulates into it, and shardopt reads it.
+    """
+    params = []
+    for name, p in module.named_parameters():
+        if with_grads and p.grad is None:
+            import torch
+
+            p.grad = torch.zeros_like(p)
+        params.append((name, p))
+    return dict(params=params, **hyperparams)

@@ -1,0 +1,74 @@
+// src/core/device_memory.hpp — CUDA allocation, copies, streams and device scoping behind plain C++ (both builds; without CUDA they raise Error(unsupported)).
+//
+// Streams are `void*` holding a cudaStream_t, as everywhere in shardopt, so that the optimizer
+// and its tests can use device memory without including cuda_runtime.h. Every copy and fill
+// is enqueued on a stream and returns at once: callers order their work with that stream and
+// synchronise it only where the host itself needs the result.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "shardopt/types.hpp"
+
+namespace shardopt {
+namespace device {
+
+// Whether this build of libshardopt contains CUDA support.
+bool cuda_compiled_in();
+
+// "" when `device` can be used from this process (the CPU always can); otherwise why not,
+// in CUDA's words ("CUDA driver version is insufficient for CUDA runtime version", ...).
+std::string unusable_reason(Device device);
+
+// `bytes` of memory on CUDA device `device` (cudaMalloc), zero-filled by a cudaMemsetAsync on
+// `stream`: work later enqueued on that stream sees zeros without a device-wide sync.
+void* cuda_allocate_zeroed(Device device, std::size_t bytes, void* stream);
+// Frees what cuda_allocate_zeroed returned. cudaFree waits for the device's pending work, so
+// a buffer still used by enqueued kernels or copies is never freed under them.
+void cuda_free(Device device, void* p) noexcept;
+
+// Enqueues a copy of `bytes` on `stream`; either side may be device or host memory
+// (cudaMemcpyDefault). `device` only names the device in error messages.
+void cuda_copy(void* dst, const void* src, std::size_t bytes, void* stream, Device device);
+// Enqueues a zero fill of `bytes` device bytes on `stream`.
+void cuda_zero(void* dst, std::size_t bytes, void* stream, Device device);
+// Blocks until `stream`'s work has finished (this stream only, never the whole device).
+void cuda_synchronize(void* stream, Device device, const char* why);
+
+// Error(invalid_argument) naming `what` unless `p` is memory that kernels on `device` can
+// use (its device memory, or managed memory): a clear message instead of an illegal-address
+// fault inside a kernel later.
+void check_cuda_pointer(Device device, const void* p, const std::string& what);
+
+// A non-blocking CUDA stream created on `device` for shardopt's own use, destroyed with it.
+class OwnedStream {
+ public:
+  OwnedStream() = default;
+  explicit OwnedStream(Device device);
+  ~OwnedStream();
+  OwnedStream(OwnedStream&& other) noexcept : stream_(other.stream_) { other.stream_ = nullptr; }
+  OwnedStream& operator=(OwnedStream&& other) noexcept;
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  void* get() const { return stream_; }
+
+ private:
+  void* stream_ = nullptr;
+};
+
+// Makes `device` the calling thread's current CUDA device for a scope (allocations and kernel
+// launches go to the current device) and restores the previous one after. Nothing for the CPU.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(Device device);
+  ~ScopedDevice();
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = -1;  // the device to restore; -1 when nothing was changed
+};
+
+}  // namespace device
+}  // namespace shardopt

@@ -1,0 +1,110 @@
+// src/optim/host_staging.cpp — host buffers staged through device scratch for a device-memory communicator.
+#include "optim/host_staging.hpp"
+
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace optim {
+namespace {
+
+class Completed final : public PendingCollective {
+ public:
+  void wait() override {}
+};
+
+std::size_t byte_count(int64_t count, DType dtype, const char* op) {
+  SHARDOPT_CHECK(count >= 0, invalid_argument, "{}: negative count {}", op, count);
+  return static_cast<std::size_t>(count) * dtype_size(dtype);
+}
+
+}  // namespace
+
+HostStagedCommunicator::HostStagedCommunicator(Communicator& inner, Device device, void* stream)
+    : inner_(inner), device_(device), stream_(stream), scratch_(device, stream) {}
+
+char* HostStagedCommunicator::scratch(std::size_t bytes) {
+  const auto numel = static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float));
+  // Grows only: these collectives are a few hundred bytes, and a reallocation costs a cudaFree.
+  if (numel > scratch_.numel()) scratch_.resize(numel);
+  return reinterpret_cast<char*>(scratch_.data());
+}
+
+void HostStagedCommunicator::to_device(void* dst, const void* src, std::size_t bytes) {
+  device::cuda_copy(dst, src, bytes, stream_, device_);
+}
+
+void HostStagedCommunicator::to_host(void* dst, const void* src, std::size_t bytes) {
+  device::cuda_copy(dst, src, bytes, stream_, device_);
+  device::cuda_synchronize(stream_, device_, "host-staged collective");
+}
+
+void HostStagedCommunicator::broadcast(void* buffer, int64_t count, DType dtype, int root) {
+  const std::size_t bytes = byte_count(count, dtype, "broadcast");
+  const device::ScopedDevice scope(device_);
+  char* staged = scratch(bytes);
+  to_device(staged, buffer, bytes);
+  inner_.broadcast(staged, count, dtype, root);
+  to_host(buffer, staged, bytes);
+}
+
+void HostStagedCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dtype) {
+  const std::size_t bytes = byte_count(count, dtype, "all_gather");
+  const std::size_t total = bytes * static_cast<std::size_t>(size());
+  const device::ScopedDevice scope(device_);
+  char* staged = scratch(total);
+  char* own = staged + bytes * static_cast<std::size_t>(rank());
+  to_device(own, send, bytes);
+  inner_.all_gather(own, staged, count, dtype);
+  to_host(recv, staged, total);
+}
+
+void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_t count,
+                                            DType dtype, ReduceOp op) {
+  const std::size_t bytes = byte_count(count, dtype, "reduce_scatter");
+  const std::size_t total = bytes * static_cast<std::size_t>(size());
+  const device::ScopedDevice scope(device_);
+  char* staged = scratch(total + bytes);
+  to_device(staged, send, total);
+  inner_.reduce_scatter(staged, staged + total, count, dtype, op);
+  to_host(recv, staged + total, bytes);
+}
+
+void HostStagedCommunicator::all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) {
+  const std::size_t bytes = byte_count(count, dtype, "all_reduce");
+  const device::ScopedDevice scope(device_);
+  char* staged = scratch(bytes);
+  to_device(staged, buffer, bytes);
+  inner_.all_reduce(staged, count, dtype, op);
+  to_host(buffer, staged, bytes);
+}
+
+std::unique_ptr<PendingCollective> HostStagedCommunicator::broadcast_async(void* buffer,
+                                                                           int64_t count,
+                                                                           DType dtype, int root) {
+  broadcast(buffer, count, dtype, root);
+  return std::make_unique<Completed>();
+}
+
+std::unique_ptr<PendingCollective> HostStagedCommunicator::all_gather_async(const void* send,
+                                                                            void* recv,
+                                                                            int64_t count,
+                                                                            DType dtype) {
+  all_gather(send, recv, count, dtype);
+  return std::make_unique<Completed>();
+}
+
+std::unique_ptr<PendingCollective> HostStagedCommunicator::all_reduce_async(void* buffer,
+                                                                            int64_t count,
+                                                                            DType dtype,
+                                                                            ReduceOp op) {
+  all_reduce(buffer, count, dtype, op);
+  return std::make_unique<Completed>();
+}
+
+std::shared_ptr<Communicator> HostStagedCommunicator::split(int, int) {
+  raise(ErrorCode::internal, "the optimizer's host-staging view of the '{}' communicator cannot be split",
+        inner_.backend_name());
+}
+
+}  // namespace optim
+}  // namespace shardopt

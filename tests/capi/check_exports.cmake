@@ -1,0 +1,45 @@
+# tests/capi/check_exports.cmake — fails unless libshardopt's dynamic symbols are the C ABI and the public shardopt:: C++ API only (cmake -P, -DLIBRARY= -DNM=).
+execute_process(COMMAND ${NM} -D --defined-only -C ${LIBRARY}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE listing ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm failed: ${err}")
+endif()
+string(REPLACE ";" "\\;" listing "${listing}")
+string(REPLACE "\n" ";" lines "${listing}")
+
+# The public C++ API's namespaces are shardopt:: itself; these are internals.
+set(internal "shardopt::(partition|optim|checkpoint|kernels|capi|comm|core|detail|cuda|nccl_detail)::|anonymous namespace")
+set(cxx_prefix "^(typeinfo for |typeinfo name for |vtable for |VTT for |non-virtual thunk to |virtual thunk to )?")
+set(bad "")
+set(count 0)
+foreach(line IN LISTS lines)
+  # "<address> <type> <name>"; the name may contain spaces.
+  if(NOT line MATCHES "^[0-9a-fA-F]+ [A-Za-z] (.+)$")
+    continue()
+  endif()
+  set(name "${CMAKE_MATCH_1}")
+  math(EXPR count "${count} + 1")
+  if(name MATCHES "^shardopt_[a-z0-9_]+$")
+    continue()
+  endif()
+  if(name MATCHES "${cxx_prefix}shardopt::" AND NOT name MATCHES "${internal}")
+    continue()
+  endif()
+  string(APPEND bad "  ${name}\n")
+endforeach()
+if(bad)
+  message(FATAL_ERROR "libshardopt exports symbols outside the C ABI and the public C++ API "
+                      "(fmt::, std::, MPI helpers or internals must stay hidden):\n${bad}")
+endif()
+
+# And what users need is there.
+foreach(required
+    "shardopt_optimizer_create" "shardopt_last_error" "shardopt_tensor_from_dlpack" "shardopt_version"
+    "shardopt::mpi_world(" "shardopt::ZeroOptimizer::step()" "typeinfo for shardopt::Error"
+    "typeinfo for shardopt::Communicator" "shardopt::error_code_name(")
+  string(FIND "${listing}" "${required}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "libshardopt does not export ${required}")
+  endif()
+endforeach()
+message("libshardopt exports ${count} symbols, all shardopt_* or public shardopt::")
