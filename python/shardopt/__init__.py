@@ -1,4 +1,6 @@
-"""shardopt: ZeRO-style sharded optimizers over MPI for any tensor exposing ``__dlpack__``.
+"""python/shardopt/__init__.py — the `shardopt` package: the nanobind extension's API, plus a torch param-group helper.
+
+shardopt runs ZeRO-style sharded optimizers over MPI for any tensor exposing ``__dlpack__``.
 
 Run under ``mpirun -np N python ...``. Each rank keeps optimizer state for ~1/N of the
 parameters, updates that shard and syncs the parameters back to every rank::

@@ -1,4 +1,5 @@
 // src/capi/capi_optimizer.cpp — the C functions over ZeroOptimizer: collective create from param-group arrays, views, step, checkpoints.
+#include <cstring>
 #include <exception>
 
 #include "capi/boundary.hpp"
@@ -9,13 +10,23 @@ namespace shardopt {
 namespace capi {
 namespace {
 
+// A C enum field may hold any int the caller stored; loading it as the enum type would be
+// undefined behaviour for values outside the enumerators, so its bytes are read as an int.
+template <typename Enum>
+int raw_enum_value(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized here");
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
+
 OptimizerConfig config_from(const shardopt_optimizer_config* config) {
   OptimizerConfig result;
   if (config == nullptr) return result;
   check_struct(config, "config", "shardopt_optimizer_config");
-  const int algorithm = static_cast<int>(config->algorithm);
-  const int partition = static_cast<int>(config->partition);
-  const int storage = static_cast<int>(config->storage);
+  const int algorithm = raw_enum_value(config->algorithm);
+  const int partition = raw_enum_value(config->partition);
+  const int storage = raw_enum_value(config->storage);
   if (algorithm < 0 || algorithm > 2) {
     fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->algorithm is {}, not a shardopt_algorithm (0..2)", algorithm);
   }
@@ -79,8 +90,8 @@ void tensor_to(const TensorRef& ref, shardopt_tensor& out) {
 bool raw_given(const shardopt_tensor& t) { return t.data != nullptr || t.numel != 0; }
 
 TensorRef tensor_from_raw(const shardopt_tensor& t, const std::string& what) {
-  const int dtype = static_cast<int>(t.dtype);
-  const int kind = static_cast<int>(t.device_kind);
+  const int dtype = raw_enum_value(t.dtype);
+  const int kind = raw_enum_value(t.device_kind);
   if (dtype < 0 || dtype > 2) fail(SHARDOPT_ERR_INVALID_ARGUMENT, "{}: dtype {} is not a shardopt_dtype (0..2)", what, dtype);
   if (kind < 0 || kind > 1) {
     fail(SHARDOPT_ERR_INVALID_ARGUMENT, "{}: device_kind {} is not a shardopt_device_kind (0..1)", what, kind);
