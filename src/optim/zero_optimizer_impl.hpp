@@ -212,6 +212,7 @@ struct ZeroOptimizer::Impl {
   // The copies and fills of the step pipeline: memcpy/memset on the host; on a device, enqueued
   // on the stream (device to device, or from the caller's initial values wherever they live).
   void copy_bytes(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes == 0) return;  // empty shards have null buffers
     if (on_device()) {
       device::cuda_copy(dst, src, bytes, stream, device);
     } else {
@@ -219,6 +220,7 @@ struct ZeroOptimizer::Impl {
     }
   }
   void zero_bytes(void* dst, std::size_t bytes) const {
+    if (bytes == 0) return;
     if (on_device()) {
       device::cuda_zero(dst, bytes, stream, device);
     } else {
