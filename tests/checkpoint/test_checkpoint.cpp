@@ -34,27 +34,12 @@ struct Model {
   }
 };
 
-Hyperparams hyper_for(Algorithm a) {
-  Hyperparams h;
-  if (a == Algorithm::sgd) {
-    h.lr = 0.05;
-    h.momentum = 0.9;
-    h.dampening = 0.1;
-    h.weight_decay = 0.01;
-  } else {
-    h.lr = 0.01;
-    h.weight_decay = 0.02;
-    h.amsgrad = true;
-  }
-  return h;
-}
-
 // A two-group optimizer over `model`; param 2 of the second group is frozen when `freeze`.
 std::unique_ptr<ZeroOptimizer> make_optimizer(std::shared_ptr<Communicator> comm, const OptimizerConfig& config,
                                               Model& model, const std::vector<int64_t>& sizes = kSizes,
                                               bool freeze = false) {
   std::vector<ParamGroupSpec> groups(2);
-  groups[0].hyper = hyper_for(config.algorithm);
+  groups[0].hyper = shardopt_test::busy_hyperparams(config.algorithm);
   groups[1].hyper = groups[0].hyper;
   groups[1].hyper.lr *= 0.5;
   groups[1].hyper.maximize = true;
@@ -124,16 +109,6 @@ std::vector<std::string> shard_files(const std::string& dir) {
   return names;
 }
 
-template <typename F>
-std::pair<ErrorCode, std::string> error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  FAIL("no shardopt::Error was thrown");
-  return {ErrorCode::internal, ""};
-}
 
 // The first `k` ranks of the world as a communicator (null on the others, after the split).
 std::shared_ptr<Communicator> first_ranks(int k) {
@@ -294,7 +269,7 @@ TEST_CASE("damaged or foreign checkpoints are refused on every rank, the optimiz
   };
   auto last_shard = [](const std::string& dir) { return dir + "/" + shard_files(dir).back(); };
   auto expect_refused = [&](const std::string& dir, ErrorCode code, const std::string& needle) {
-    auto [c, message] = error_of([&] { opt->load(dir); });
+    auto [c, message] = shardopt_test::error_of([&] { opt->load(dir); });
     CAPTURE(message);
     REQUIRE(c == code);
     REQUIRE(message.find(needle) != std::string::npos);
@@ -354,7 +329,7 @@ TEST_CASE("damaged or foreign checkpoints are refused on every rank, the optimiz
     Model other_model(other_sizes, 1);
     auto other = make_optimizer(world(), config, other_model, other_sizes);
     const std::vector<float> other_before = all_params(*other);
-    auto [c, message] = error_of([&] { other->load(good); });
+    auto [c, message] = shardopt_test::error_of([&] { other->load(good); });
     CAPTURE(message);
     REQUIRE(c == ErrorCode::mismatch);
     REQUIRE(message.find("parameter #4") != std::string::npos);
@@ -365,7 +340,7 @@ TEST_CASE("damaged or foreign checkpoints are refused on every rank, the optimiz
     sgd.algorithm = Algorithm::sgd;
     Model sgd_model(kSizes, 1);
     auto sgd_opt = make_optimizer(world(), sgd, sgd_model);
-    auto [c2, message2] = error_of([&] { sgd_opt->load(good); });
+    auto [c2, message2] = shardopt_test::error_of([&] { sgd_opt->load(good); });
     REQUIRE(c2 == ErrorCode::mismatch);
     REQUIRE(message2.find("adam") != std::string::npos);
   }
@@ -383,7 +358,7 @@ TEST_CASE("a save killed before its manifest leaves the previous checkpoint inta
   train(*opt, 2, 4);
 
   ::setenv("SHARDOPT_TEST_ABORT_SAVE_AFTER", "shards", 1);
-  auto [code, message] = error_of([&] { opt->save(dir); });
+  auto [code, message] = shardopt_test::error_of([&] { opt->save(dir); });
   ::unsetenv("SHARDOPT_TEST_ABORT_SAVE_AFTER");
   REQUIRE(code == ErrorCode::internal);
   REQUIRE(message.find("SHARDOPT_TEST_ABORT_SAVE_AFTER") != std::string::npos);
@@ -467,7 +442,7 @@ TEST_CASE("consolidate_state_dict / state_dict / load_state_dict follow torch's 
 
     StateDict wrong = expected;
     wrong.param_names[1] = "something.else";
-    auto [code, message] = error_of([&] { resumed->load_state_dict(wrong); });
+    auto [code, message] = shardopt_test::error_of([&] { resumed->load_state_dict(wrong); });
     REQUIRE(code == ErrorCode::mismatch);
     REQUIRE(message.find("something.else") != std::string::npos);
   }

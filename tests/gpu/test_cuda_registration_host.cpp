@@ -42,16 +42,6 @@ ParamGroupSpec cuda_group(const std::vector<std::pair<std::string, int64_t>>& pa
   return group;
 }
 
-template <typename Make>
-std::pair<ErrorCode, std::string> error_of(Make&& make) {
-  try {
-    make();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  FAIL("no shardopt::Error was thrown");
-  return {ErrorCode::internal, ""};
-}
 
 }  // namespace
 
@@ -65,7 +55,7 @@ TEST_CASE("CUDA parameters are refused cleanly where they cannot be used, on eve
     REQUIRE(opt.cuda_stream() != nullptr);
     return;
   }
-  const auto [code, what] = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {group}); });
+  const auto [code, what] = shardopt_test::error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {group}); });
   switch (expect) {
     case Expect::no_cuda_build:
       REQUIRE(code == ErrorCode::unsupported);
@@ -106,7 +96,7 @@ TEST_CASE("a CUDA parameter on one rank only makes every rank raise, naming that
   // A rank whose own registration is fine learns of the other's error through the collective
   // check; with a usable device there is no local error, and the ranks simply disagree.
   const Expect expect = expectation(*world());
-  const auto [code, what] = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {group}); });
+  const auto [code, what] = shardopt_test::error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {group}); });
   CAPTURE(what);
   if (expect == Expect::no_cuda_build || expect == Expect::no_device) {
     REQUIRE(code == (expect == Expect::no_cuda_build ? ErrorCode::unsupported : ErrorCode::cuda));
@@ -123,7 +113,7 @@ TEST_CASE("mixing CPU and CUDA parameters is refused by parameter name", "[cuda]
   std::vector<float> host(4, 1.f);
   ParamGroupSpec group = cuda_group({{"a", 4}, {"b", 4}});
   group.params[0].param = TensorRef{host.data(), 4};
-  const auto [code, what] = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {group}); });
+  const auto [code, what] = shardopt_test::error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {group}); });
   REQUIRE(code == ErrorCode::unsupported);
   REQUIRE_THAT(what, Catch::Contains("parameter 'b' is on cuda:0"));
   if (device::cuda_compiled_in()) {

@@ -1,10 +1,14 @@
 // tests/mpi/mpi_test_support.hpp — the world communicator and helpers shared by the MPI tests.
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "shardopt/shardopt.hpp"
@@ -24,6 +28,35 @@ inline std::vector<float> seeded_values(uint32_t seed, int64_t n, float scale = 
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Hyperparameters that take every branch of the rules: SGD with momentum, dampening and weight
+// decay; Adam/AdamW with weight decay and amsgrad.
+inline shardopt::Hyperparams busy_hyperparams(shardopt::Algorithm algorithm) {
+  shardopt::Hyperparams h;
+  if (algorithm == shardopt::Algorithm::sgd) {
+    h.lr = 0.05;
+    h.momentum = 0.9;
+    h.dampening = 0.1;
+    h.weight_decay = 0.01;
+  } else {
+    h.lr = 0.01;
+    h.weight_decay = 0.02;
+    h.amsgrad = true;
+  }
+  return h;
+}
+
+// Runs `call` and returns the shardopt::Error it threw (code and message); fails the test if none.
+template <typename Call>
+std::pair<shardopt::ErrorCode, std::string> error_of(Call&& call) {
+  try {
+    call();
+  } catch (const shardopt::Error& e) {
+    return {e.code(), e.what()};
+  }
+  FAIL("no shardopt::Error was thrown");
+  return {shardopt::ErrorCode::internal, ""};
 }
 
 }  // namespace shardopt_test

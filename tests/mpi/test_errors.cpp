@@ -8,6 +8,7 @@
 #include "mpi_test_support.hpp"
 
 using namespace shardopt;
+using shardopt_test::error_of;
 using shardopt_test::world;
 
 namespace {
@@ -24,18 +25,6 @@ struct Buffers {
     return g;
   }
 };
-
-// Runs `make` and returns the Error it threw (code and message); fails the test if none.
-template <typename F>
-std::pair<ErrorCode, std::string> error_of(F&& make) {
-  try {
-    make();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  FAIL("no shardopt::Error was thrown");
-  return {ErrorCode::internal, ""};
-}
 
 }  // namespace
 

@@ -59,28 +59,13 @@ std::vector<float> all_params(const ZeroOptimizer& opt) {
   return out;
 }
 
-Hyperparams hyper_for(Algorithm a) {
-  Hyperparams h;
-  if (a == Algorithm::sgd) {
-    h.lr = 0.05;
-    h.momentum = 0.9;
-    h.dampening = 0.1;
-    h.weight_decay = 0.01;
-  } else {
-    h.lr = 0.01;
-    h.weight_decay = 0.02;
-    h.amsgrad = true;
-  }
-  return h;
-}
-
 const std::vector<int64_t> kSizes = {13, 1, 0, 64, 7, 100, 3, 31};
 
 // Trains `steps` steps on `comm` and returns every param's final values.
 std::vector<float> train(std::shared_ptr<Communicator> comm, OptimizerConfig config, int steps) {
   Model model(kSizes, 42);
   model.external = config.storage == Storage::external;
-  Hyperparams h0 = hyper_for(config.algorithm), h1 = h0;
+  Hyperparams h0 = shardopt_test::busy_hyperparams(config.algorithm), h1 = h0;
   h1.lr *= 0.5;
   h1.maximize = true;
   ZeroOptimizer opt(comm, config, {model.group(0, 5, h0), model.group(5, kSizes.size(), h1)});
@@ -380,7 +365,7 @@ TEST_CASE("a re-layout moves state even where a rank's shard is empty", "[zero]"
       OptimizerConfig config;
       config.algorithm = algorithm;
       config.partition = PartitionStrategy::sorted_greedy;
-      Hyperparams h = hyper_for(algorithm);
+      Hyperparams h = shardopt_test::busy_hyperparams(algorithm);
       ZeroOptimizer opt(comm, config, {model.group(0, 2, h)});
       for (int s = 0; s < 4; ++s) {
         if (s == 2) opt.set_trainable(1, false);
