@@ -2,13 +2,18 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <mpi.h>
 
 #include <catch2/catch.hpp>
+
+#include <cstdio>
 
 #include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "shardopt/communicator.hpp"
 
 namespace shardopt_test {
 
@@ -29,6 +34,33 @@ inline bool cuda_device_present(std::string* reason) {
     return false;
   }
   return true;
+}
+
+// This rank's place on its node, and whether every node has a CUDA device per rank (NCCL's
+// rule). Collective over `world`: every rank gets the same `enough_devices`, and rank 0 prints
+// the SKIPPED line when there are too few.
+struct NodePlacement {
+  int local_rank = 0;
+  int local_size = 1;
+  int devices = 0;
+  bool enough_devices = false;
+};
+inline NodePlacement node_placement(shardopt::Communicator& world) {
+  NodePlacement placement;
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &placement.local_rank);
+  MPI_Comm_size(node, &placement.local_size);
+  MPI_Comm_free(&node);
+  cudaGetDeviceCount(&placement.devices);
+  float short_of_devices = placement.local_size > placement.devices ? 1.f : 0.f;
+  world.all_reduce(&short_of_devices, 1, shardopt::DType::f32, shardopt::ReduceOp::max);
+  placement.enough_devices = short_of_devices == 0.f;
+  if (!placement.enough_devices && world.rank() == 0) {
+    std::printf("SKIPPED: %d ranks per node but only %d CUDA device(s); one per rank is needed\n",
+                placement.local_size, placement.devices);
+  }
+  return placement;
 }
 
 // Device memory for `n` elements of T, freed on scope exit; failures fail the test.

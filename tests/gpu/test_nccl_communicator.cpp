@@ -306,21 +306,8 @@ int main(int argc, char** argv) {
     return worst > 0 ? 1 : shardopt_test::kSkipExitCode;
   }
 
-  // NCCL needs a device per rank: count ranks per node against devices.
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local_size = 1;
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  int devices = 0;
-  cudaGetDeviceCount(&devices);
-  float short_of_devices = local_size > devices ? 1.f : 0.f;
-  world.all_reduce(&short_of_devices, 1, DType::f32, ReduceOp::max);
-  if (short_of_devices > 0) {
-    if (world.rank() == 0) {
-      std::printf("SKIPPED: %d ranks per node but only %d CUDA device(s); NCCL needs one per rank\n",
-                  local_size, devices);
-    }
+  // NCCL needs a device per rank.
+  if (!shardopt_test::node_placement(world).enough_devices) {
     host_world().reset();
     return shardopt_test::kSkipExitCode;
   }

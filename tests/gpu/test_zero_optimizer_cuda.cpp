@@ -372,27 +372,13 @@ int main(int argc, char** argv) {
   }
 
   // One device per rank on each node (NCCL's rule, and what the sharded comparison needs).
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local_rank = 0;
-  int local_size = 1;
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  int devices = 0;
-  cudaGetDeviceCount(&devices);
-  float short_of_devices = local_size > devices ? 1.f : 0.f;
-  world.all_reduce(&short_of_devices, 1, DType::f32, ReduceOp::max);
-  if (short_of_devices > 0) {
-    if (world.rank() == 0) {
-      std::printf("SKIPPED: %d ranks per node but only %d CUDA device(s); this test needs one per rank\n",
-                  local_size, devices);
-    }
+  const shardopt_test::NodePlacement placement = shardopt_test::node_placement(world);
+  if (!placement.enough_devices) {
     host_world().reset();
     return shardopt_test::kSkipExitCode;
   }
 
-  my_device() = Device::cuda(local_rank % devices);
+  my_device() = Device::cuda(placement.local_rank % placement.devices);
   if (cudaSetDevice(my_device().index) != cudaSuccess) {
     std::printf("rank %d: cudaSetDevice(%d) failed\n", world.rank(), my_device().index);
   }
