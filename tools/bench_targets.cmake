@@ -5,4 +5,6 @@
 add_executable(shardopt-bench ${CMAKE_CURRENT_LIST_DIR}/shardopt_bench.cpp)
 # OpenMP: the STREAM measurement runs the same number of threads per rank as the update.
 target_link_libraries(shardopt-bench PRIVATE shardopt::shardopt fmt::fmt OpenMP::OpenMP_CXX)
+# kernels/precision.hpp: bf16/f16 conversions for the synthetic 16-bit parameters and gradients.
+target_include_directories(shardopt-bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../kernels)
 target_compile_options(shardopt-bench PRIVATE ${SHARDOPT_WARNINGS})

@@ -2,6 +2,7 @@
 # tools/demo.sh — installs what is missing, builds shardopt and runs shardopt-demo on 2 ranks.
 #
 #   bash tools/demo.sh [shardopt-demo options]     e.g. bash tools/demo.sh --layers 3 --width 64
+#                                                  or   bash tools/demo.sh --dtype bf16 --stage 2
 #
 # Fails unless the sharded and replicated runs end with bitwise identical parameters.
 set -euo pipefail

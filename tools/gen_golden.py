@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/gen_golden.py — writes torch.optim trajectories (SGD/Adam/AdamW) as golden parity vectors.
+"""tools/gen_golden.py — writes torch.optim trajectories, some clipped, as golden parity vectors.
 
 Each case builds a few float32 parameters from a seeded generator, feeds K gradient sets to
 torch.optim.<Optimizer>(..., foreach=False) and records every parameter after every step, so
@@ -13,6 +13,23 @@ Output (default: tests/data next to this repository's tools/):
                         grads[step][param], expected[step][param] (the params after that step)
 Every float32 value is written as Python's float.hex() of that value (e.g. "-0x1.8p-3"): exact,
 sign- and zero-preserving, and parsed by C's strtof without any decimal rounding question.
+
+Gradient clipping (tests/parity/parity_clip_test.cpp) has cases of its own, named clip_*:
+  golden_clip_index.json   as golden_index.json, format "shardopt-golden-clip-v1"
+  golden_clip_<...>.json   everything a plain case holds (format "shardopt-golden-clip-v1"),
+                           plus "clip": {"norm_type": 2.0 or "inf",
+                                         "max_norm": [per step: a number, or null where
+                                                      clip_grad_norm_ is not called that step]},
+                           "total_norm": [per step: the float32 tensor clip_grad_norm_(params,
+                                          max_norm, norm_type) returned, or null],
+                           "clip_coef": [per step: torch's float32 clamp(max_norm / (total_norm +
+                                         1e-6), max=1), or null]
+  Each step feeds grads[step] (the gradients before clipping), calls clip_grad_norm_ over all
+  params (registration order, every group) and then optimizer.step(); expected[step] are the
+  params after that step. Every called step's norm lies at least CLIP_MARGIN (relative) away
+  from its max_norm, so float32-vs-double rounding cannot flip whether it clips, and each case
+  has clipped and unclipped steps and a trajectory that differs from the unclipped one by far
+  more than the parity tolerance (the generator checks all three).
 
 Needs only torch (no numpy), so any interpreter that can `import torch` works, e.g.
   /usr/bin/python3 tools/gen_golden.py [--out DIR]
@@ -39,6 +56,12 @@ except ImportError:  # a clear message instead of a traceback: the default pytho
     sys.exit(2)
 
 FORMAT = "shardopt-golden-v1"
+CLIP_FORMAT = "shardopt-golden-clip-v1"
+# Smallest relative distance between a clipped step's norm and its max_norm (see above).
+CLIP_MARGIN = 0.01
+# Smallest worst |clipped - unclipped| / max(1, |clipped|) over a clip case's params: a
+# replay that ignored clipping must fail the 1e-6 parity tolerance by a wide margin.
+CLIP_MIN_EFFECT = 1e-4
 STEPS = 5
 PARAM_NUMELS = (1, 7, 37, 67)  # 37 and 67 cover torch's 16-wide vector body plus a scalar tail
 # Gradient magnitude per step: a large step followed by small ones makes AMSGrad's running max
@@ -62,7 +85,16 @@ def case(name, optimizer, groups, schedule=None, description=""):
     schedule: {group: {hyperparameter: [value per step]}}, written into the group before each
     step as a trainer's scheduler would."""
     return {"name": name, "optimizer": optimizer, "groups": groups,
-            "schedule": schedule or {}, "description": description}
+            "schedule": schedule or {}, "description": description, "clip": None}
+
+
+def clip_case(name, optimizer, groups, norm_type, max_norm, schedule=None, description=""):
+    """A case that calls torch.nn.utils.clip_grad_norm_(all params, max_norm[step], norm_type)
+    before each step. max_norm: one value, or one per step with None for "not called"."""
+    spec = case(name, optimizer, groups, schedule, description)
+    per_step = list(max_norm) if isinstance(max_norm, (list, tuple)) else [max_norm] * STEPS
+    spec["clip"] = {"norm_type": norm_type, "max_norm": per_step}
+    return spec
 
 
 ALL = [0, 1, 2, 3]
@@ -125,6 +157,34 @@ CASES = [
          description="the decoupled decay factor 1 - lr*wd follows the lr"),
 ]
 
+# Total gradient norms per step follow STEP_SCALES (large, small, larger, tiny, medium), so one
+# max_norm clips the large steps and leaves the small ones alone; the comments give torch's norms.
+INF = float("inf")
+CLIP_CASES = [
+    # L2 norms 2.03, 0.068, 4.12, 0.0030, 1.54
+    clip_case("clip_sgd_momentum_wd", "SGD", [(ALL, dict(lr=0.1, momentum=0.9, weight_decay=0.05))],
+              2.0, [1.8, 0.05, None, 1.8, 1.0],
+              description="max_norm changes per step; clips steps 1, 2 and 5, not 4; step 3, the "
+                          "largest, has no clip_grad_norm_ call: step 2's factor must not carry "
+                          "over to it; weight decay is added to the clipped gradient"),
+    # inf norms 1.275, 0.0297, 1.321, 0.00091, 1.209
+    clip_case("clip_sgd_nesterov_inf", "SGD", [(ALL, dict(lr=0.05, momentum=0.8, nesterov=True))],
+              INF, 1.25,
+              description="max-abs norm; clips steps 1 and 3, step 5 is 3% under max_norm"),
+    # L2 norms 2.15, 0.073, 3.70, 0.0018, 0.968
+    clip_case("clip_adam_wd", "Adam", [(ALL, dict(lr=1e-2, weight_decay=0.05))], 2.0, 2.0,
+              description="clips steps 1 and 3; L2 weight decay is added to the clipped gradient"),
+    # inf norms 2.30, 0.057, 2.32, 0.0014, 0.638
+    clip_case("clip_adam_amsgrad_inf", "Adam", [(ALL, dict(lr=1e-2, amsgrad=True))], INF, 0.05,
+              description="max-abs norm; clips every step but the tiny step 4"),
+    # L2 norms 1.51, 0.114, 4.60, 0.0021, 0.844
+    clip_case("clip_adamw_two_groups", "AdamW",
+              [([0, 2], dict(lr=1e-2, weight_decay=0.1)),
+               ([1, 3], dict(lr=3e-3, betas=(0.8, 0.99), weight_decay=0.0))],
+              2.0, 1.0, schedule={1: {"lr": [3e-3, 6e-3, 1e-3, 3e-3, 2e-3]}},
+              description="one total norm over both groups; clips steps 1 and 3"),
+]
+
 
 def hexf(value):
     """Exact text for a float32 value: float.hex() with the mantissa's trailing zeros cut."""
@@ -176,18 +236,10 @@ def json_hyper(key, value):
     return float(value)
 
 
-def run_case(spec):
-    seed = zlib.crc32(spec["name"].encode())  # per case, stable when cases are added or reordered
-    gen = torch.Generator().manual_seed(seed)
-    inits = [torch.randn(n, generator=gen, dtype=torch.float32) * 0.5 for n in PARAM_NUMELS]
-    # Per-element magnitudes over 4 decades so some gradients are tiny against eps.
-    elem_scales = [torch.pow(10.0, -4.0 * torch.rand(n, generator=gen)) for n in PARAM_NUMELS]
-    grads = []
-    for step in range(STEPS):
-        grads.append([(torch.randn(n, generator=gen, dtype=torch.float32) * STEP_SCALES[step]
-                       * elem_scales[i]).to(torch.float32)
-                      for i, n in enumerate(PARAM_NUMELS)])
-
+def trajectory(spec, inits, grads, clip):
+    """Runs the optimizer over the gradients. clip: None, or spec["clip"] to call
+    clip_grad_norm_ before each step. Returns (hypers, per_step, expected, norms, coefs) with
+    torch's float32 norm and clamped clip coefficient per step (None where not clipped)."""
     params = [torch.nn.Parameter(t.clone()) for t in inits]
     used = sorted(i for indices, _ in spec["groups"] for i in indices)
     if used != list(range(len(params))):
@@ -207,18 +259,66 @@ def run_case(spec):
         group.update({key: seq[0] for key, seq in per_step[g].items()})
     hypers = [torch_hyperparams(spec["optimizer"], group) for group in opt.param_groups]
 
-    expected = []
+    expected, norms, coefs = [], [], []
     for step in range(STEPS):
         for g, group in enumerate(opt.param_groups):
             # A scheduler writes the group between steps; torch reads it at step().
             group.update({key: seq[step] for key, seq in per_step[g].items()})
         for p, grad in zip(params, grads[step]):
             p.grad = grad.clone()
+        max_norm = clip["max_norm"][step] if clip is not None else None
+        if max_norm is None:
+            norms.append(None)
+            coefs.append(None)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, clip["norm_type"])
+            assert norm.dtype == torch.float32 and norm.dim() == 0
+            norms.append(norm.item())
+            # The factor torch multiplied the gradients by, recomputed exactly as it does.
+            coefs.append(torch.clamp(max_norm / (norm + 1e-6), max=1.0).item())
         opt.step()
-        expected.append([hex_list(p) for p in params])
+        expected.append([p.detach().clone() for p in params])
+    return hypers, per_step, expected, norms, coefs
 
-    return {
-        "format": FORMAT,
+
+def check_clip_case(spec, expected, norms, unclipped):
+    """The properties the format promises for a clip case (see the module docstring)."""
+    name, clip = spec["name"], spec["clip"]
+    if clip["norm_type"] not in (2.0, INF) or len(clip["max_norm"]) != STEPS:
+        raise RuntimeError("%s: norm_type must be 2 or inf, max_norm one per step" % name)
+    clipped = []
+    for step, (max_norm, norm) in enumerate(zip(clip["max_norm"], norms)):
+        if max_norm is None:
+            continue
+        if not (max_norm > 0 and abs(norm - max_norm) >= CLIP_MARGIN * max_norm):
+            raise RuntimeError("%s step %d: norm %r is within %g of max_norm %r: pick another"
+                               % (name, step + 1, norm, CLIP_MARGIN, max_norm))
+        clipped.append(norm > max_norm)
+    if not (any(clipped) and not all(clipped)):
+        raise RuntimeError("%s: needs both clipped and unclipped steps" % name)
+    effect = max(((a - b).abs() / torch.clamp(b.abs(), min=1.0)).max().item()
+                 for step_a, step_b in zip(unclipped, expected) for a, b in zip(step_a, step_b))
+    if not effect >= CLIP_MIN_EFFECT:
+        raise RuntimeError("%s: clipping changes the params by only %g relative" % (name, effect))
+    return effect
+
+
+def run_case(spec):
+    seed = zlib.crc32(spec["name"].encode())  # per case, stable when cases are added or reordered
+    gen = torch.Generator().manual_seed(seed)
+    inits = [torch.randn(n, generator=gen, dtype=torch.float32) * 0.5 for n in PARAM_NUMELS]
+    # Per-element magnitudes over 4 decades so some gradients are tiny against eps.
+    elem_scales = [torch.pow(10.0, -4.0 * torch.rand(n, generator=gen)) for n in PARAM_NUMELS]
+    grads = []
+    for step in range(STEPS):
+        grads.append([(torch.randn(n, generator=gen, dtype=torch.float32) * STEP_SCALES[step]
+                       * elem_scales[i]).to(torch.float32)
+                      for i, n in enumerate(PARAM_NUMELS)])
+
+    clip = spec["clip"]
+    hypers, per_step, expected, norms, coefs = trajectory(spec, inits, grads, clip)
+    data = {
+        "format": FORMAT if clip is None else CLIP_FORMAT,
         "case": spec["name"],
         "description": spec["description"],
         "optimizer": spec["optimizer"],
@@ -232,8 +332,16 @@ def run_case(spec):
                                  for key, seq in per_step[g].items()}}
                    for g, (indices, _) in enumerate(spec["groups"])],
         "grads": [[hex_list(t) for t in step_grads] for step_grads in grads],
-        "expected": expected,
+        "expected": [[hex_list(p) for p in step_params] for step_params in expected],
     }
+    if clip is not None:
+        unclipped = trajectory(spec, inits, grads, None)[2]
+        check_clip_case(spec, expected, norms, unclipped)
+        data["clip"] = {"norm_type": "inf" if clip["norm_type"] == INF else float(clip["norm_type"]),
+                        "max_norm": [None if m is None else float(m) for m in clip["max_norm"]]}
+        data["total_norm"] = [None if v is None else hexf(v) for v in norms]
+        data["clip_coef"] = [None if v is None else hexf(v) for v in coefs]
+    return data
 
 
 def write_json(path, data):
@@ -259,24 +367,38 @@ def main(argv):
     os.makedirs(out, exist_ok=True)
 
     torch.set_num_threads(1)  # no intra-op split can change how elements are grouped
-    names = []
-    for spec in CASES:
-        write_json(os.path.join(out, "golden_%s.json" % spec["name"]), run_case(spec))
-        names.append(spec["name"])
-    # Drop files of cases that no longer exist so the folder matches the index.
+    # (index file, format, cases): plain cases are named anything but clip_*, clip cases clip_*,
+    # so golden_<case>.json never collides and each index owns its files.
+    sets = (("golden_index.json", FORMAT, CASES), ("golden_clip_index.json", CLIP_FORMAT, CLIP_CASES))
+    for index_file, _, specs in sets:
+        for spec in specs:
+            is_clip = spec["clip"] is not None
+            if (spec["name"].startswith("clip_") != is_clip or spec["name"] in ("index", "clip_index")
+                    or is_clip != (specs is CLIP_CASES)):
+                raise RuntimeError("case %r: clip cases (and only they) are named clip_*, in "
+                                   "CLIP_CASES" % spec["name"])
+    written = set()
+    for index_file, fmt, specs in sets:
+        names = []
+        for spec in specs:
+            write_json(os.path.join(out, "golden_%s.json" % spec["name"]), run_case(spec))
+            names.append(spec["name"])
+        written.update(names)
+        write_json(os.path.join(out, index_file), {
+            "format": fmt,
+            "generator": "tools/gen_golden.py",
+            "torch_version": torch.__version__,
+            "cpu_capability": cpu_capability(),
+            "cases": names,
+        })
+        print("gen_golden.py: wrote %d %s cases to %s (torch %s, CPU capability %s)"
+              % (len(names), "clip" if specs is CLIP_CASES else "optimizer", out,
+                 torch.__version__, cpu_capability()))
+    # Drop files of cases that no longer exist so the folder matches the indexes.
     for stale in os.listdir(out):
         m = re.fullmatch(r"golden_(.+)\.json", stale)
-        if m and m.group(1) not in names and stale != "golden_index.json":
+        if m and m.group(1) not in written and stale not in [index for index, _, _ in sets]:
             os.remove(os.path.join(out, stale))
-    write_json(os.path.join(out, "golden_index.json"), {
-        "format": FORMAT,
-        "generator": "tools/gen_golden.py",
-        "torch_version": torch.__version__,
-        "cpu_capability": cpu_capability(),
-        "cases": names,
-    })
-    print("gen_golden.py: wrote %d cases to %s (torch %s, CPU capability %s)"
-          % (len(names), out, torch.__version__, cpu_capability()))
     return 0
 
 

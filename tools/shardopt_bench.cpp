@@ -7,8 +7,9 @@
 //               #wrong. Every timed iteration refills its inputs and checks every element of
 //               the result (-c 1), so a collective that moves the wrong bytes cannot look fast.
 //
-//  step         One ZeroOptimizer over a few big f32 params, the full step() timed between
-//               barriers (median over -n iterations of the slowest rank), then compared with
+//  step         One ZeroOptimizer over a few big params (f32, or bf16/f16 with fp32 masters),
+//               the full step() timed between barriers (median over -n iterations of the
+//               slowest rank), then compared with
 //               a roofline from memory bandwidths measured in the same run: STREAM's copy and
 //               triad plus a kernel with the update rule's own access pattern, over arrays far
 //               larger than the last-level cache, with the same threads per rank and every
@@ -21,20 +22,41 @@
 //   update_bytes  (elements rank r updates) x bytes_per_param: the explicit loads and stores
 //                 of the update rule over rank r's shard (replicated: every element; the
 //                 flat partition's tail padding is not updated and not counted):
+//                   f32:
 //                   adam/adamw  28 = read p, g, m, v (16) + write p, m, v (12)
 //                   sgd         20 = read p, g, buf (12) + write p, buf (8)   (momentum != 0)
 //                               12 = read p, g (8) + write p (4)              (momentum == 0)
-//   sync_bytes    8 x (elements rank r receives): each element of another rank's shard must
-//                 be read once (in the peer's memory or a transport buffer) and written once
-//                 into this rank's parameter buffer, a memcpy that STREAM's copy counts as 8
-//                 bytes. Flat partition: (N-1) x shard elements, padding included (the
-//                 all-gather moves it); sorted_greedy: the other ranks' shards. Sharded runs
-//                 with world > 1 only: replicated runs have no sync.
+//                   bf16/f16 (mixed precision: the fp32 master is the parameter the rule
+//                   updates; the 16-bit parameter is only written, rounded from it):
+//                   adam/adamw  28 = read g (2) + write p (2) + master r/w (8) + m, v r/w (16)
+//                   sgd         20 = read g (2) + write p (2) + master r/w (8) + buf r/w (8)
+//                               12 = read g (2) + write p (2) + master r/w (8)
+//                 i.e. 2 x sizeof(dtype) + 8 + state r/w: the same totals as f32, over 9
+//                 streams instead of 7 (Adam).
+//   sync_bytes    2 x sizeof(dtype) x (elements rank r receives): each element of another
+//                 rank's shard must be read once (in the peer's memory or a transport buffer)
+//                 and written once into this rank's parameter buffer, a memcpy that STREAM's
+//                 copy counts as 2 x sizeof(dtype) bytes (8 for f32, 4 for bf16/f16: the
+//                 all-gather moves the 16-bit parameters, never the masters). Flat partition:
+//                 (N-1) x shard elements, padding included (the all-gather moves it);
+//                 sorted_greedy: the other ranks' shards. Sharded runs with world > 1 only:
+//                 replicated runs have no sync.
+//
+// --stage 2 leaves the timed step as it is (the same update and sync); it changes how the
+// gradients arrive: before every step, untimed, each rank hands every gradient with
+// reduce_gradient() (bucket view; external storage: its buffers) and reduce_gradients()
+// reduces them to their owners. Every rank hands the same synthetic gradients, rounded to 4
+// significant bits so that every partial sum of up to 16 ranks is exact in any dtype: the
+// average is then exactly the gradient, whatever order MPI adds in, and the single-rank
+// reference (stage 1, the same gradients) stays bitwise comparable.
 //
 // Not counted, because a step does not have to move them: the staging copies of external
 // storage (a bucket-view step needs none), the second copy a two-copy shared-memory
 // transport makes, and write-allocate reads of stored cache lines (STREAM does not count
 // those either, so both sides of the ratio leave them out).
+//
+// The update-shaped bandwidth kernel follows the dtype: f32 reads p, g, m, v and writes p, m,
+// v; bf16/f16 reads a 16-bit g, the master, m, v and writes the master, m, v and a 16-bit p.
 //
 //   roofline_ms        = update_bytes / stream_update_gbps + sync_bytes / stream_copy_gbps
 //   achieved_gbps      = (update_bytes + sync_bytes) / step time
@@ -65,6 +87,7 @@
 #include <fmt/format.h>
 
 #include "shardopt/shardopt.hpp"
+#include "precision.hpp"  // kernels/: bf16/f16 <-> float, the library's own rounding
 
 namespace {
 
@@ -95,7 +118,7 @@ const char* const usage_text =
     "  --op all_gather|broadcast|reduce_scatter|all_reduce|all   (default all)\n"
     "\n"
     "Step options:\n"
-    "  --params N                a model of --tensors equal f32 params totalling N elements\n"
+    "  --params N                a model of --tensors equal params totalling N elements\n"
     "  --tensors K               how many params --params is split into (default 4)\n"
     "  --layers L --width W      instead: L x Linear(W, W), i.e. L weights of W*W and L\n"
     "                            biases of W, in torch's order (default 20 x 2000 = 80.04M,\n"
@@ -105,7 +128,18 @@ const char* const usage_text =
     "  --lr X                                learning rate (default 0.001)\n"
     "  --partition flat|sorted_greedy        (default flat)\n"
     "  --storage bucket_view|external        (default bucket_view)\n"
-    "  --dtype f32                           parameter type (only f32 so far)\n"
+    "  --dtype f32|bf16|f16                  parameter and gradient type (default f32);\n"
+    "                                        bf16/f16 keep fp32 masters of each rank's shard:\n"
+    "                                        the step updates the masters and writes the\n"
+    "                                        16-bit params, and the sync all-gathers 16-bit\n"
+    "                                        params. Bytes per updated element (Adam): read g\n"
+    "                                        + write p in the dtype, master r/w 8, state r/w\n"
+    "                                        16 = 28 (f32: read p,g,m,v + write p,m,v = 28);\n"
+    "                                        sync: 2 x sizeof(dtype) per received element\n"
+    "  --stage 1|2                           ZeRO stage (default 1; 2 needs the sharded mode).\n"
+    "                                        The timed step is the same; at 2 the gradients\n"
+    "                                        are handed with reduce_gradient() and reduced to\n"
+    "                                        their owners before every step, untimed\n"
     "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1)\n"
     "  --mode sharded|replicated state sharded (default) or replicated, the unsharded\n"
     "                            baseline; implies --mode step (also --shard ...)\n"
@@ -114,7 +148,9 @@ const char* const usage_text =
     "  --breakdown               also time the update alone and the sync alone\n"
     "\n"
     "Output (rank 0): collectives print a table per op and '# Wrong values total : N OK|FAILED';\n"
-    "step prints one line of key=value pairs ending in step_ms_median=... params_per_s=...\n"
+    "step prints one line of key=value pairs (inputs such as dtype=... stage=..., memory such\n"
+    "as state_bytes_per_rank (optimizer state), master_bytes_per_rank (fp32 masters) and\n"
+    "grad_bytes_per_rank, the largest rank's) ending in step_ms_median=... params_per_s=...\n"
     "achieved_gbps=... roofline_fraction=... wrong=N. Exit status 1 when anything was wrong.\n";
 
 enum class BenchMode { collectives, step };
@@ -143,6 +179,8 @@ struct Options {
   double lr = 1e-3;
   PartitionStrategy partition = PartitionStrategy::flat;
   Storage storage = Storage::bucket_view;
+  DType dtype = DType::f32;
+  int stage = 1;
   int threads = 1;
   bool sharded = true;
   int64_t stream_mb = 0;  // 0: automatic
@@ -271,13 +309,20 @@ Options parse_options(int argc, char** argv) {
       else if (value == "external") o.storage = Storage::external;
       else bad_usage("--storage expects bucket_view or external, got '" + value + "'");
     } else if (flag == "--dtype") {
-      if (value != "f32") bad_usage("--dtype: only f32 is supported so far, got '" + value + "'");
-    } else if (flag == "--threads") o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
+      if (value == "f32") o.dtype = DType::f32;
+      else if (value == "bf16") o.dtype = DType::bf16;
+      else if (value == "f16") o.dtype = DType::f16;
+      else bad_usage("--dtype expects f32, bf16 or f16, got '" + value + "'");
+    } else if (flag == "--stage") o.stage = static_cast<int>(parse_int(flag, value, 1, 2));
+    else if (flag == "--threads") o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
     else if (flag == "--stream-mb") o.stream_mb = parse_int(flag, value, 1, int64_t{1} << 20);
     else bad_usage("unknown option '" + flag + "'");
   }
   if (o.min_bytes > o.max_bytes) {
     bad_usage(fmt::format("-b ({}) is larger than -e ({})", o.min_bytes, o.max_bytes));
+  }
+  if (o.stage == 2 && !o.sharded) {
+    bad_usage("--stage 2 shards the gradients by the state's partition; it needs --mode sharded");
   }
   if (o.step_factor <= 1.0 && o.step_bytes <= 0 && o.min_bytes != o.max_bytes) {
     bad_usage("-f must be > 1, or -i must be positive, for the sweep to advance");
@@ -632,54 +677,110 @@ constexpr uint64_t kGradStream = 2;
 constexpr float kParamScale = 0.05f;
 constexpr float kGradScale = 0.01f;
 
-void fill_synthetic(float* out, int64_t first_index, int64_t n, uint64_t stream, float scale, int threads) {
+// Rounds to 4 significant bits (towards zero): k x such a value is exact in bf16 (8 bits),
+// f16 and f32 for every k <= 16, so sums of up to 16 ranks' copies are exact in any order.
+float four_bits(float x) { return shardopt::kernels::bits_float(shardopt::kernels::float_bits(x) & 0xfff00000u); }
+
+// Synthetic values of global elements [first_index, first_index + out.numel) into a buffer of
+// out.dtype (bf16/f16: rounded to nearest even from the f32 value).
+void fill_synthetic(const TensorRef& out, int64_t first_index, uint64_t stream, float scale, bool coarse,
+                    int threads) {
+  const int64_t n = out.numel;
+  const auto value = [&](int64_t i) {
+    const float v = synthetic(stream, first_index + i, scale);
+    return coarse ? four_bits(v) : v;
+  };
+  switch (out.dtype) {
+    case DType::f32: {
+      float* p = out.as<float>();
 #pragma omp parallel for num_threads(effective_threads(threads)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = synthetic(stream, first_index + i, scale);
+      for (int64_t i = 0; i < n; ++i) p[i] = value(i);
+      break;
+    }
+    case DType::bf16: {
+      uint16_t* p = out.as<uint16_t>();
+#pragma omp parallel for num_threads(effective_threads(threads)) schedule(static)
+      for (int64_t i = 0; i < n; ++i) p[i] = shardopt::kernels::float_to_bf16(value(i));
+      break;
+    }
+    case DType::f16: {
+      uint16_t* p = out.as<uint16_t>();
+#pragma omp parallel for num_threads(effective_threads(threads)) schedule(static)
+      for (int64_t i = 0; i < n; ++i) p[i] = shardopt::kernels::float_to_f16(value(i));
+      break;
+    }
+  }
 }
 
-// The step's owned buffers for external storage (bucket view keeps them inside shardopt).
+// Stage 2 hands gradients that several ranks sum exactly (see the top of the file).
+bool coarse_gradients(const Options& o) { return o.stage == 2; }
+
+// The step's owned buffers for external storage (bucket view keeps them inside shardopt), as
+// raw words of the dtype (f32: one word per element; bf16/f16: half a word).
 struct ExternalBuffers {
   std::vector<float> params;
   std::vector<float> grads;
 };
 
 // Builds an optimizer over `pieces` of the model ([first, first+numel) ranges of global
-// indices) with synthetic initial values and gradients.
+// indices) with synthetic initial values and gradients (not for stage 2 with bucket view,
+// which has no gradient views: see hand_gradients).
 std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> comm, const Options& o,
                                                OptimizerConfig config, const std::vector<Tensor>& pieces,
                                                ExternalBuffers& external) {
   ParamGroupSpec group;
   group.hyper.lr = o.lr;
   if (o.algorithm == Algorithm::sgd) group.hyper.momentum = o.momentum;
+  const auto element_bytes = static_cast<int64_t>(shardopt::dtype_size(o.dtype));
   int64_t total = 0;
   for (const Tensor& t : pieces) total += t.numel;
   if (config.storage == Storage::external) {
-    external.params.assign(static_cast<std::size_t>(total), 0.f);
-    external.grads.assign(static_cast<std::size_t>(total), 0.f);
+    const auto words = static_cast<std::size_t>((total * element_bytes + 3) / 4);
+    external.params.assign(words, 0.f);
+    external.grads.assign(words, 0.f);
   }
   int64_t at = 0;
   for (const Tensor& t : pieces) {
     ParamSpec spec;
     spec.name = t.name;
-    spec.param = TensorRef{nullptr, t.numel, DType::f32, shardopt::Device::cpu()};
+    spec.param = TensorRef{nullptr, t.numel, o.dtype, shardopt::Device::cpu()};
     spec.grad = spec.param;
     if (config.storage == Storage::external) {
-      spec.param.data = external.params.data() + at;
-      spec.grad.data = external.grads.data() + at;
+      spec.param.data = reinterpret_cast<char*>(external.params.data()) + at * element_bytes;
+      spec.grad.data = reinterpret_cast<char*>(external.grads.data()) + at * element_bytes;
     }
     at += t.numel;
     group.params.push_back(std::move(spec));
   }
   // Values are written through the views after construction, so that no extra full copy of
   // the initial parameters inflates the peak RSS that the step reports.
+  const bool grad_views = !(config.stage == 2 && config.storage == Storage::bucket_view);
   auto opt = std::make_unique<ZeroOptimizer>(std::move(comm), config, std::vector<ParamGroupSpec>{std::move(group)});
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Tensor& t = pieces[i];
     const auto id = static_cast<shardopt::ParamId>(i);
-    fill_synthetic(opt->param_view(id).as<float>(), t.offset, t.numel, kParamStream, kParamScale, o.threads);
-    fill_synthetic(opt->grad_view(id).as<float>(), t.offset, t.numel, kGradStream, kGradScale, o.threads);
+    fill_synthetic(opt->param_view(id), t.offset, kParamStream, kParamScale, false, o.threads);
+    if (grad_views) fill_synthetic(opt->grad_view(id), t.offset, kGradStream, kGradScale, coarse_gradients(o), o.threads);
   }
   return opt;
+}
+
+// Stage 2, before every step (untimed): every rank hands the same synthetic gradients (bucket
+// view: one param at a time through `scratch`, in registration order; external: they are
+// already in its buffers) and reduce_gradients() averages them into their owners' shards.
+void hand_gradients(ZeroOptimizer& opt, const Options& o, const std::vector<Tensor>& pieces,
+                    std::vector<float>& scratch) {
+  if (o.storage == Storage::bucket_view) {
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const Tensor& t = pieces[i];
+      const auto words = static_cast<std::size_t>((t.numel * static_cast<int64_t>(shardopt::dtype_size(o.dtype)) + 3) / 4);
+      if (scratch.size() < words) scratch.resize(words);
+      const TensorRef grad{scratch.data(), t.numel, o.dtype, shardopt::Device::cpu()};
+      fill_synthetic(grad, t.offset, kGradStream, kGradScale, true, o.threads);
+      opt.reduce_gradient(static_cast<shardopt::ParamId>(i), grad);
+    }
+  }
+  opt.reduce_gradients();
 }
 
 OptimizerConfig make_config(const Options& o) {
@@ -688,6 +789,7 @@ OptimizerConfig make_config(const Options& o) {
   config.partition = o.partition;
   config.storage = o.storage;
   config.shard_state = o.sharded;
+  config.stage = o.stage;
   config.cpu_threads = o.threads;
   return config;
 }
@@ -732,13 +834,13 @@ UpdateShape update_shape(const Options& o) {
 }
 
 // Explicit loads + stores of the update rule per updated element (see the top of the file).
-int64_t update_bytes_per_param(UpdateShape shape) {
-  switch (shape) {
-    case UpdateShape::adam: return 28;
-    case UpdateShape::sgd_momentum: return 20;
-    case UpdateShape::sgd: return 12;
-  }
-  return 28;
+// f32: read p and g, write p (12) plus the state; bf16/f16: read g and write p in the dtype,
+// read and write the fp32 master (8) plus the state. The state is fp32 r/w: 16 (Adam's m and
+// v), 8 (SGD's momentum buffer) or 0.
+int64_t update_bytes_per_param(UpdateShape shape, DType dtype) {
+  const int64_t state = shape == UpdateShape::adam ? 16 : shape == UpdateShape::sgd_momentum ? 8 : 0;
+  const int64_t param = dtype == DType::f32 ? 12 : 2 * static_cast<int64_t>(shardopt::dtype_size(dtype)) + 8;
+  return param + state;
 }
 
 // STREAM's copy (c = a, 8 B/element) and triad (a = b + s*c, 12 B/element), and a kernel
@@ -751,7 +853,11 @@ int64_t update_bytes_per_param(UpdateShape shape) {
 // flight, which grows with the number of streams. On the 2-core VM these numbers come from,
 // copy (2 streams) reaches ~4.7 GB/s, triad (3) ~5.5 and the 7-stream Adam shape ~9 GB/s, so
 // triad alone would put a well-vectorised Adam step far above "100% of the roofline".
-StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, UpdateShape shape) {
+//
+// bf16/f16: the update-shaped kernel reads a 16-bit gradient, the master, m and v and writes
+// the master, m, v and a 16-bit parameter (9 streams for Adam), two extra 16-bit arrays of the
+// same length; copy and triad stay f32 (a copy's GB/s do not depend on the element type).
+StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, UpdateShape shape, DType dtype) {
   StreamResult result;
   const int64_t auto_bytes = std::max<int64_t>(2 * last_level_cache_bytes(), int64_t{64} << 20);
   result.array_bytes = array_mb > 0 ? array_mb << 20 : auto_bytes;
@@ -761,6 +867,11 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, U
   float* const b = owners[1].get();
   float* const c = owners[2].get();
   float* const d = owners[3].get();
+  // 16-bit gradient and parameter arrays (mixed precision only).
+  const bool half = dtype != DType::f32;
+  AlignedArray half_owners[2] = {aligned_floats(half ? (n + 1) / 2 : 1), aligned_floats(half ? (n + 1) / 2 : 1)};
+  auto* const g16 = reinterpret_cast<uint16_t*>(half_owners[0].get());
+  auto* const p16 = reinterpret_cast<uint16_t*>(half_owners[1].get());
   const int team = effective_threads(threads);
   // First touch by the same static schedule that the kernels use, so each thread's pages are
   // where it runs. Values stay normal floats through every kernel (no denormal slow paths).
@@ -771,6 +882,17 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, U
     c[i] = 0.5f;
     d[i] = 0.25f;
   }
+  if (half) {
+#pragma omp parallel for num_threads(team) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      g16[i] = 0x4000u;  // 2.0 as bf16, as b
+      p16[i] = 0u;
+    }
+  }
+  // The 16-bit streams with trivial conversions (a shift each way: bf16's, whatever the dtype,
+  // as only the bytes moved matter here).
+  const auto widen16 = [](uint16_t h) { return shardopt::kernels::bf16_to_float(h); };
+  const auto narrow16 = [](float x) { return static_cast<uint16_t>(shardopt::kernels::float_bits(x) >> 16); };
   constexpr int kReps = 6;
   std::vector<double> copy_s, triad_s, update_s;
   auto timed = [&](std::vector<double>& out, const auto& kernel) {
@@ -788,8 +910,44 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, U
 #pragma omp parallel for num_threads(team) schedule(static)
       for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0f * c[i];
     });
-    // p = a, g = b, m = c, v = d.
+    // p = a, g = b, m = c, v = d; mixed precision: master = a, g = g16, p = p16.
     timed(update_s, [&] {
+      if (half) {
+        switch (shape) {
+          case UpdateShape::adam:
+#pragma omp parallel for num_threads(team) schedule(static)
+            for (int64_t i = 0; i < n; ++i) {
+              const float g = widen16(g16[i]);
+              const float m = 0.9f * c[i] + 0.1f * g;
+              const float v = 0.999f * d[i] + 0.001f * g * g;
+              c[i] = m;
+              d[i] = v;
+              const float p = a[i] - 1e-3f * m * v;
+              a[i] = p;
+              p16[i] = narrow16(p);
+            }
+            break;
+          case UpdateShape::sgd_momentum:
+#pragma omp parallel for num_threads(team) schedule(static)
+            for (int64_t i = 0; i < n; ++i) {
+              const float m = 0.9f * c[i] + widen16(g16[i]);
+              c[i] = m;
+              const float p = a[i] - 1e-3f * m;
+              a[i] = p;
+              p16[i] = narrow16(p);
+            }
+            break;
+          case UpdateShape::sgd:
+#pragma omp parallel for num_threads(team) schedule(static)
+            for (int64_t i = 0; i < n; ++i) {
+              const float p = a[i] - 1e-3f * widen16(g16[i]);
+              a[i] = p;
+              p16[i] = narrow16(p);
+            }
+            break;
+        }
+        return;
+      }
       switch (shape) {
         case UpdateShape::adam:
 #pragma omp parallel for num_threads(team) schedule(static)
@@ -817,7 +975,7 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, U
     });
   }
   // The results are read, so the loops cannot be dropped as dead stores.
-  volatile float sink = a[n / 2] + c[n / 3] + d[n / 5];
+  volatile float sink = a[n / 2] + c[n / 3] + d[n / 5] + (half ? widen16(p16[n / 7]) : 0.f);
   (void)sink;
   // The first repetition also pays for warming TLBs and the thread team; STREAM skips it.
   auto best_gbps = [&](const std::vector<double>& seconds, int64_t bytes_per_element) {
@@ -827,7 +985,7 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, U
   };
   result.copy_gbps = best_gbps(copy_s, 8);
   result.triad_gbps = best_gbps(triad_s, 12);
-  result.update_gbps = best_gbps(update_s, update_bytes_per_param(shape));
+  result.update_gbps = best_gbps(update_s, update_bytes_per_param(shape, dtype));
   return result;
 }
 
@@ -846,12 +1004,17 @@ uint64_t fnv1a(const void* data, std::size_t bytes, uint64_t hash) {
 }
 
 // Times `body` (a collective step of every rank) `iters` times after `warmup` untimed calls,
-// each between barriers; returns the median of the slowest rank's seconds.
-template <typename Body>
-double time_collectively(Communicator& comm, int warmup, int iters, const Body& body) {
-  for (int i = 0; i < warmup; ++i) body();
+// each between barriers; returns the median of the slowest rank's seconds. `prepare` runs
+// untimed before every call (warmup ones included).
+template <typename Body, typename Prepare>
+double time_collectively(Communicator& comm, int warmup, int iters, const Body& body, const Prepare& prepare) {
+  for (int i = 0; i < warmup; ++i) {
+    prepare();
+    body();
+  }
   std::vector<double> seconds;
   for (int i = 0; i < iters; ++i) {
+    prepare();
     comm.barrier();
     const auto start = Clock::now();
     body();
@@ -859,6 +1022,11 @@ double time_collectively(Communicator& comm, int warmup, int iters, const Body& 
     comm.barrier();
   }
   return median(slowest_rank(comm, seconds));
+}
+
+template <typename Body>
+double time_collectively(Communicator& comm, int warmup, int iters, const Body& body) {
+  return time_collectively(comm, warmup, iters, body, [] {});
 }
 
 // Elements [lo, hi) of the concatenated model, as pieces of its tensors.
@@ -884,6 +1052,8 @@ int64_t wrong_vs_reference(const std::shared_ptr<Communicator>& solo, const Opti
   OptimizerConfig config = make_config(o);
   config.storage = Storage::bucket_view;
   config.partition = PartitionStrategy::flat;
+  config.shard_state = true;
+  config.stage = 1;  // the gradients stand as written: what a stage-2 reduce of them averages to
   ExternalBuffers unused;
   std::unique_ptr<ZeroOptimizer> reference = build_optimizer(solo, o, config, pieces, unused);
   for (int s = 0; s < steps; ++s) reference->step();
@@ -894,9 +1064,13 @@ int64_t wrong_vs_reference(const std::shared_ptr<Communicator>& solo, const Opti
     std::size_t owner = 0;
     while (model.tensors[owner].offset + model.tensors[owner].numel <= piece.offset) ++owner;
     const int64_t inside = piece.offset - model.tensors[owner].offset;
-    const auto* got = opt.param_view(static_cast<shardopt::ParamId>(owner)).as<const uint32_t>() + inside;
-    const auto* want = reference->param_view(static_cast<shardopt::ParamId>(i)).as<const uint32_t>();
-    for (int64_t k = 0; k < piece.numel; ++k) wrong += got[k] != want[k] ? 1 : 0;
+    const TensorRef got = opt.param_view(static_cast<shardopt::ParamId>(owner));
+    const TensorRef want = reference->param_view(static_cast<shardopt::ParamId>(i));
+    const auto count = [&](const auto* g, const auto* w) {
+      for (int64_t k = 0; k < piece.numel; ++k) wrong += g[inside + k] != w[k] ? 1 : 0;
+    };
+    if (o.dtype == DType::f32) count(got.as<const uint32_t>(), want.as<const uint32_t>());
+    else count(got.as<const uint16_t>(), want.as<const uint16_t>());
   }
   return wrong;
 }
@@ -912,9 +1086,14 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
 
   ExternalBuffers external;
   std::unique_ptr<ZeroOptimizer> opt = build_optimizer(comm, o, config, model.tensors, external);
-  const shardopt::MemoryReport memory = opt->memory_report();
 
-  const double step_s = time_collectively(*comm, o.warmup, o.iters, [&] { opt->step(); });
+  // Stage 2: the gradients reach the owners through a reduce round before every step (untimed).
+  std::vector<float> grad_scratch;
+  const auto prepare = [&] {
+    if (config.stage == 2) hand_gradients(*opt, o, model.tensors, grad_scratch);
+  };
+  const double step_s = time_collectively(*comm, o.warmup, o.iters, [&] { opt->step(); }, prepare);
+  const shardopt::MemoryReport memory = opt->memory_report();
   // Read now: the high-water mark of the optimizer alone, before STREAM's arrays and the
   // reference exist.
   const int64_t peak_rss = max_int64(*comm, peak_rss_bytes());
@@ -924,7 +1103,8 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   int64_t all_shards = 0;
   for (int64_t s : shards) all_shards += s;
   const UpdateShape shape = update_shape(o);
-  const int64_t per_param = update_bytes_per_param(shape);
+  const int64_t per_param = update_bytes_per_param(shape, o.dtype);
+  const auto element_bytes = static_cast<int64_t>(shardopt::dtype_size(o.dtype));
   // Elements this rank updates: its shard less the flat partition's tail padding, which no
   // kernel touches (sorted_greedy and replicated shards have none).
   int64_t my_offset = 0;
@@ -936,13 +1116,16 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   // The all-gather moves the padding too, so received elements include it.
   const int64_t my_received = sharded ? all_shards - memory.shard_numel : 0;
   const int64_t update_bytes = sum_int64(*comm, my_updated * per_param);
-  const int64_t sync_bytes = sum_int64(*comm, 8 * my_received);
+  // Each received element read once and written once, in the dtype.
+  const int64_t sync_bytes = sum_int64(*comm, 2 * element_bytes * my_received);
   const int64_t total_bytes = update_bytes + sync_bytes;
   const int64_t max_state = max_int64(*comm, memory.state_bytes);
+  const int64_t max_master = max_int64(*comm, memory.master_bytes);
+  const int64_t max_grad = max_int64(*comm, memory.grad_bytes);
 
   // The roofline: the update's bytes at the bandwidth of its own access pattern, the sync's
   // bytes at copy bandwidth (both summed over ranks, measured with every rank streaming).
-  const StreamResult stream = measure_stream(*comm, o.threads, o.stream_mb, shape);
+  const StreamResult stream = measure_stream(*comm, o.threads, o.stream_mb, shape, o.dtype);
   auto roofline_seconds = [&](int64_t update, int64_t sync) {
     return static_cast<double>(update) / (stream.update_gbps * 1e9) +
            static_cast<double>(sync) / (stream.copy_gbps * 1e9);
@@ -971,15 +1154,17 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
 
   const char* mode = o.sharded ? "sharded" : "replicated";
   say(*comm,
-      "world={} params={} {} optimizer={} partition={} dtype=f32 storage={} threads={} mode={} "
-      "iters={} warmup={} shard_numel_max={} state_bytes_per_rank={} peak_rss_mb={:.1f} base_rss_mb={:.1f} "
+      "world={} params={} {} optimizer={} partition={} dtype={} stage={} storage={} threads={} mode={} "
+      "iters={} warmup={} shard_numel_max={} state_bytes_per_rank={} master_bytes_per_rank={} "
+      "grad_bytes_per_rank={} peak_rss_mb={:.1f} base_rss_mb={:.1f} "
       "update_bytes={} sync_bytes={} stream_copy_gbps={:.2f} stream_triad_gbps={:.2f} "
       "stream_update_gbps={:.2f} stream_array_mb={} roofline_ms={:.3f} "
       "step_ms_median={:.3f} params_per_s={:.4g} achieved_gbps={:.2f} roofline_fraction={:.3f} wrong={}\n",
       world, model.numel, model.description, shardopt::algorithm_name(o.algorithm),
-      shardopt::partition_name(o.partition), o.storage == Storage::bucket_view ? "bucket_view" : "external",
+      shardopt::partition_name(o.partition), shardopt::dtype_name(o.dtype), config.stage,
+      o.storage == Storage::bucket_view ? "bucket_view" : "external",
       effective_threads(o.threads), mode, o.iters, o.warmup, *std::max_element(shards.begin(), shards.end()),
-      max_state, static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(base_rss) / (1 << 20), update_bytes, sync_bytes, stream.copy_gbps,
+      max_state, max_master, max_grad, static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(base_rss) / (1 << 20), update_bytes, sync_bytes, stream.copy_gbps,
       stream.triad_gbps, stream.update_gbps, stream.array_bytes >> 20, roofline_s * 1e3, step_s * 1e3,
       step_s > 0 ? static_cast<double>(model.numel) / step_s : 0.0, gbps(total_bytes, step_s),
       fraction(roofline_s, step_s), wrong);
@@ -991,6 +1176,8 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
     OptimizerConfig update_config = config;
     update_config.storage = Storage::bucket_view;
     update_config.partition = PartitionStrategy::flat;
+    update_config.shard_state = true;
+    update_config.stage = 1;  // gradients written in place; the update itself is the same
     ExternalBuffers unused;
     std::unique_ptr<ZeroOptimizer> update_only;
     if (my_updated > 0) update_only = build_optimizer(solo, o, update_config, model_slice(model, 0, my_updated), unused);
@@ -1002,22 +1189,24 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
     // The sync alone, issued as the optimizer issues it.
     double sync_s = 0;
     if (sharded) {
-      std::vector<float> buffer(static_cast<std::size_t>(all_shards), 0.f);
+      // Parameters in the dtype (bf16/f16: the 16-bit params, as the optimizer gathers them).
+      std::vector<char> buffer(static_cast<std::size_t>(all_shards * element_bytes), 0);
+      const auto at = [&](int64_t element) { return buffer.data() + element * element_bytes; };
       std::vector<int64_t> shard_offset(shards.size(), 0);
       for (std::size_t r = 1; r < shards.size(); ++r) shard_offset[r] = shard_offset[r - 1] + shards[r - 1];
-      const int64_t bucket = config.bucket_bytes / static_cast<int64_t>(sizeof(float));
+      const int64_t bucket = config.bucket_bytes / element_bytes;
       sync_s = time_collectively(*comm, o.warmup, o.iters, [&] {
         if (o.partition == PartitionStrategy::flat) {
           const int64_t c = memory.shard_numel;
-          comm->all_gather(buffer.data() + static_cast<int64_t>(rank) * c, buffer.data(), c, DType::f32);
+          comm->all_gather(at(static_cast<int64_t>(rank) * c), buffer.data(), c, o.dtype);
           return;
         }
         std::vector<std::unique_ptr<shardopt::PendingCollective>> pending;
         for (int r = 0; r < world; ++r) {
           const auto ru = static_cast<std::size_t>(r);
           for (int64_t begin = 0; begin < shards[ru]; begin += bucket) {
-            pending.push_back(comm->broadcast_async(buffer.data() + shard_offset[ru] + begin,
-                                                    std::min(bucket, shards[ru] - begin), DType::f32, r));
+            pending.push_back(comm->broadcast_async(at(shard_offset[ru] + begin),
+                                                    std::min(bucket, shards[ru] - begin), o.dtype, r));
           }
         }
         for (auto& p : pending) p->wait();

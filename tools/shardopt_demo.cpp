@@ -2,9 +2,18 @@
 //
 // Every rank builds the same MLP (same seed), feeds it its own random batch, runs a real
 // forward/backward with OpenBLAS, averages gradients with reduce_gradients() and steps. The
-// run is done twice, with the optimizer state sharded (ZeRO-1) and replicated (plain data
-// parallel), and rank 0 prints one line per mode: state bytes, peak RSS, the median step
-// time and the sum of all parameters, which must be bitwise the same in both modes.
+// run is done twice, with the optimizer state sharded (ZeRO-1, or ZeRO-2 with --stage 2) and
+// replicated (plain data parallel, always stage 1), and rank 0 prints one line per mode: state
+// and gradient bytes, peak RSS, the median step time and the sum of all parameters, which must
+// be bitwise the same in both modes.
+//
+// --dtype bf16|f16 registers 16-bit parameters and gradients (shardopt keeps fp32 masters of
+// the local shard). The forward/backward stays f32: the demo keeps f32 working copies of the
+// parameters, widened from param_view() after every step (outside the timed region), computes
+// each layer's gradients in f32 and, as a backward hook would, narrows them into grad_view()
+// (stage 1) or hands them with reduce_gradient() (stage 2), layer by layer in backward order.
+// f16 runs with dynamic loss scaling: the gradients are multiplied by loss_scale() before they
+// are narrowed, and a step whose gradients overflowed is skipped.
 #include <cblas.h>
 
 #include <algorithm>
@@ -17,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -29,6 +39,7 @@
 #endif
 
 #include "shardopt/shardopt.hpp"
+#include "precision.hpp"  // kernels/: bf16/f16 <-> float, the library's own rounding
 
 namespace {
 
@@ -50,6 +61,18 @@ const char* const usage_text =
     "  --partition flat|sorted_greedy      how the state is split over ranks (default flat)\n"
     "  --optimizer sgd|adam|adamw          update rule, torch's defaults (default adam)\n"
     "  --lr X                              learning rate (default 0.01)\n"
+    "  --dtype f32|bf16|f16                parameter and gradient type (default f32). bf16/f16:\n"
+    "                                      shardopt keeps fp32 masters of each rank's shard; the\n"
+    "                                      forward/backward runs in f32 on widened copies and\n"
+    "                                      the gradients are narrowed for the optimizer. f16\n"
+    "                                      uses dynamic loss scaling (steps whose gradients\n"
+    "                                      overflow are skipped; --verbose shows them)\n"
+    "  --stage 1|2                         ZeRO stage of the sharded run (default 1). 2: each\n"
+    "                                      rank keeps only its shard's gradients; the backward\n"
+    "                                      hands every layer's gradients with reduce_gradient()\n"
+    "                                      as soon as they exist. The replicated run is stage 1\n"
+    "  --clip MAX_NORM                     clip the averaged gradients to this total 2-norm\n"
+    "                                      with clip_grad_norm() (default 0: off)\n"
     "  --layers N                          Linear layers (default 20)\n"
     "  --width N                           features per layer (default 2000)\n"
     "  --batch N                           samples per rank per step (default 20)\n"
@@ -61,14 +84,21 @@ const char* const usage_text =
     "                                      mode into DIR/sharded and DIR/replicated\n"
     "  --resume DIR                        before the steps, load the checkpoint of each mode\n"
     "                                      from DIR/<mode> (any world size wrote it)\n"
-    "  --verbose                           also print every step's loss and the memory report\n"
+    "  --verbose                           also print every step's loss (with f16 the loss\n"
+    "                                      scale and whether the step was skipped, with --clip\n"
+    "                                      the gradient norm) and the memory report\n"
     "  --check-gradients                   compare the backward pass with finite differences\n"
     "                                      and exit (sizes default to --layers 3 --width 16\n"
     "                                      --batch 4 here)\n"
     "  --help                              this text\n"
     "\n"
     "Output (rank 0), one line per mode, then params_sum_match=yes|no when both modes ran:\n"
-    "  mode=M world=N params=P state_bytes=B peak_rss_mb=R step_ms_median=T params_sum=S\n";
+    "  mode=M world=N params=P dtype=D stage=S state_bytes=B grad_bytes=G peak_rss_mb=R\n"
+    "  step_ms_median=T params_sum=S   (one line)\n"
+    "state_bytes: what the optimizer keeps on rank 0 beyond parameters and gradients (its state\n"
+    "plus the fp32 masters of bf16/f16 params); grad_bytes: the gradient memory shardopt owns on\n"
+    "rank 0 (stage 2: its shard only); step_ms_median: step() alone; params_sum: the sum of all\n"
+    "parameters (bf16/f16 widened to f32) in double.\n";
 
 enum class RunModes { both, sharded, replicated };
 
@@ -77,6 +107,9 @@ struct Options {
   shardopt::PartitionStrategy partition = shardopt::PartitionStrategy::flat;
   shardopt::Algorithm algorithm = shardopt::Algorithm::adam;
   shardopt::Storage storage = shardopt::Storage::bucket_view;
+  DType dtype = DType::f32;
+  int stage = 1;       // of the sharded run; the replicated run is always stage 1
+  double clip = 0.0;   // max total gradient norm; 0: no clipping
   double lr = 0.01;
   int layers = 20;
   int width = 2000;
@@ -119,6 +152,16 @@ double parse_positive_real(const std::string& option, const std::string& text) {
   const double value = std::strtod(text.c_str(), &end);
   if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(value) || value <= 0.0) {
     throw UsageError(option + " expects a positive number, got '" + text + "'");
+  }
+  return value;
+}
+
+double parse_nonnegative_real(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(value) || value < 0.0) {
+    throw UsageError(option + " expects a number >= 0, got '" + text + "'");
   }
   return value;
 }
@@ -180,6 +223,16 @@ Options parse_options(int argc, char** argv) {
       if (v == "bucket_view") options.storage = shardopt::Storage::bucket_view;
       else if (v == "external") options.storage = shardopt::Storage::external;
       else bad_choice(option, v, "bucket_view, external");
+    } else if (option == "--dtype") {
+      const std::string v = next();
+      if (v == "f32") options.dtype = DType::f32;
+      else if (v == "bf16") options.dtype = DType::bf16;
+      else if (v == "f16") options.dtype = DType::f16;
+      else bad_choice(option, v, "f32, bf16, f16");
+    } else if (option == "--stage") {
+      options.stage = static_cast<int>(parse_integer(option, next(), 1, 2));
+    } else if (option == "--clip") {
+      options.clip = parse_nonnegative_real(option, next());
     } else if (option == "--lr") {
       options.lr = parse_positive_real(option, next());
     } else if (option == "--layers") {
@@ -292,9 +345,12 @@ class Mlp {
         grad_in_(static_cast<std::size_t>(batch) * width) {}
 
   // Returns the mean squared error of the output against `target` and overwrites (does not
-  // accumulate into) every layer's weight_grad/bias_grad with d loss / d param.
+  // accumulate into) every layer's weight_grad/bias_grad with d loss / d param. `layer_done`
+  // (if set) is called with l as soon as layer l's gradients are complete, in backward order
+  // (last layer first), like a backward hook; it may consume them and let the next layer
+  // reuse the same gradient buffers.
   double forward_backward(const std::vector<LinearTensors>& net, const float* input,
-                          const float* target) {
+                          const float* target, const std::function<void(int)>& layer_done = {}) {
     const int n = width_;
     const int b = batch_;
     const std::size_t elems = static_cast<std::size_t>(b) * n;
@@ -335,6 +391,7 @@ class Mlp {
         const float* row = dy + static_cast<std::size_t>(r) * n;
         for (int j = 0; j < n; ++j) db[j] += row[j];
       }
+      if (layer_done) layer_done(l);
       if (l == 0) break;  // nobody needs the gradient of the input
       // dX = dY W   ([batch x out] . [out x in]), then through the previous ReLU: x > 0
       // exactly where its pre-activation was > 0.
@@ -422,7 +479,9 @@ double median(std::vector<double> values) {
 
 struct ModeResult {
   int64_t params = 0;
-  int64_t state_bytes = 0;
+  int stage = 1;
+  int64_t state_bytes = 0;  // optimizer state plus fp32 masters: all it keeps beyond params/grads
+  int64_t grad_bytes = 0;   // gradient memory shardopt owns
   double peak_rss_mb = 0.0;
   double step_ms_median = 0.0;
   double params_sum = 0.0;
@@ -430,6 +489,32 @@ struct ModeResult {
 
 std::string layer_param_name(int layer, const char* kind) {
   return "layers." + std::to_string(layer) + "." + kind;
+}
+
+// bf16/f16 parameters -> the demo's f32 working copy, with the library's own conversions.
+void widen(const TensorRef& src, float* dst) {
+  const int64_t n = src.numel;
+  if (src.dtype == DType::f32) {
+    std::memcpy(dst, src.data, static_cast<std::size_t>(n) * sizeof(float));
+    return;
+  }
+  const uint16_t* h = src.as<const uint16_t>();
+  if (src.dtype == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::bf16_to_float(h[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::f16_to_float(h[i]);
+  }
+}
+
+// f32 values times `scale` (the loss scale; 1 without scaling) -> bf16/f16, nearest even. A
+// power-of-two scale is exact in f32; what does not fit the dtype becomes inf, which the
+// optimizer's loss scaling detects.
+void narrow(const float* src, int64_t n, float scale, DType dtype, uint16_t* dst) {
+  if (dtype == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::float_to_bf16(src[i] * scale);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::float_to_f16(src[i] * scale);
+  }
 }
 
 ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& options,
@@ -441,12 +526,27 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   const int64_t layer_numel = weight_numel + width;
   const int64_t total_numel = layer_numel * options.layers;
   const bool external = options.storage == shardopt::Storage::external;
+  const DType dtype = options.dtype;
+  const bool half = dtype != DType::f32;
+  // Stage 2 shards gradients by the state's partition, so the replicated baseline is stage 1.
+  const int stage = shard_state ? options.stage : 1;
+  // Stage 2 with bucket view has no grad_view(): each gradient is handed with reduce_gradient().
+  const bool hand_gradients = stage == 2 && !external;
+  // f32 gradients that the optimizer reads from a buffer (grad_view(): its own at stage 1, our
+  // external ones otherwise) are written there directly by the backward. Otherwise the backward
+  // writes each layer into one f32 scratch that a per-layer hook narrows into grad_view() or
+  // hands to reduce_gradient(), as a trainer's backward hooks would.
+  const bool direct_grads = !half && !hand_gradients;
 
   // Initial values. bucket_view: one staging buffer that shardopt copies into its own flat
-  // buffer at construction and that we free right after. external: these are the parameters.
-  std::vector<float> staging(external ? 0 : static_cast<std::size_t>(total_numel));
-  std::vector<std::vector<float>> own_params;
-  std::vector<std::vector<float>> own_grads;
+  // buffer at construction and that we free right after. external: these are the parameters
+  // (and gradient buffers). 16-bit parameters are drawn in f32 and narrowed, nearest even.
+  std::vector<float> staging32(!external && !half ? static_cast<std::size_t>(total_numel) : 0);
+  std::vector<uint16_t> staging16(!external && half ? static_cast<std::size_t>(total_numel) : 0);
+  std::vector<float> init_weight(half ? static_cast<std::size_t>(weight_numel) : 0);
+  std::vector<float> init_bias(half ? static_cast<std::size_t>(width) : 0);
+  std::vector<std::vector<float>> own_params32, own_grads32;
+  std::vector<std::vector<uint16_t>> own_params16, own_grads16;
 
   shardopt::ParamGroupSpec group;
   group.hyper.lr = options.lr;
@@ -454,32 +554,59 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   // just be Adam again.
   if (options.algorithm == shardopt::Algorithm::adamw) group.hyper.weight_decay = 0.01;
   // bucket_view: `grad` is null (shardopt owns the gradients); external: our gradient buffer.
-  const auto spec = [](std::string name, float* param, float* grad, int64_t numel) {
+  const auto spec = [dtype](std::string name, void* param, void* grad, int64_t numel) {
     shardopt::ParamSpec p;
     p.name = std::move(name);
-    p.param = TensorRef{param, numel, DType::f32, shardopt::Device::cpu()};
-    p.grad = TensorRef{grad, numel, DType::f32, shardopt::Device::cpu()};
+    p.param = TensorRef{param, numel, dtype, shardopt::Device::cpu()};
+    p.grad = TensorRef{grad, numel, dtype, shardopt::Device::cpu()};
     return p;
   };
   for (int l = 0; l < options.layers; ++l) {
-    float* weight = nullptr;
-    float* bias = nullptr;
-    float* weight_grad = nullptr;
-    float* bias_grad = nullptr;
-    if (external) {
-      own_params.emplace_back(static_cast<std::size_t>(weight_numel));
-      weight = own_params.back().data();
-      own_params.emplace_back(static_cast<std::size_t>(width));
-      bias = own_params.back().data();
-      own_grads.emplace_back(static_cast<std::size_t>(weight_numel));
-      weight_grad = own_grads.back().data();
-      own_grads.emplace_back(static_cast<std::size_t>(width));
-      bias_grad = own_grads.back().data();
+    void* weight = nullptr;
+    void* bias = nullptr;
+    void* weight_grad = nullptr;
+    void* bias_grad = nullptr;
+    if (!half) {
+      float* w32 = nullptr;
+      float* b32 = nullptr;
+      if (external) {
+        own_params32.emplace_back(static_cast<std::size_t>(weight_numel));
+        w32 = own_params32.back().data();
+        own_params32.emplace_back(static_cast<std::size_t>(width));
+        b32 = own_params32.back().data();
+        own_grads32.emplace_back(static_cast<std::size_t>(weight_numel));
+        weight_grad = own_grads32.back().data();
+        own_grads32.emplace_back(static_cast<std::size_t>(width));
+        bias_grad = own_grads32.back().data();
+      } else {
+        w32 = staging32.data() + l * layer_numel;
+        b32 = w32 + weight_numel;
+      }
+      init_linear(options.seed, l, options.width, w32, weight_numel, b32, width);
+      weight = w32;
+      bias = b32;
     } else {
-      weight = staging.data() + l * layer_numel;
-      bias = weight + weight_numel;
+      uint16_t* w16 = nullptr;
+      uint16_t* b16 = nullptr;
+      if (external) {
+        own_params16.emplace_back(static_cast<std::size_t>(weight_numel));
+        w16 = own_params16.back().data();
+        own_params16.emplace_back(static_cast<std::size_t>(width));
+        b16 = own_params16.back().data();
+        own_grads16.emplace_back(static_cast<std::size_t>(weight_numel));
+        weight_grad = own_grads16.back().data();
+        own_grads16.emplace_back(static_cast<std::size_t>(width));
+        bias_grad = own_grads16.back().data();
+      } else {
+        w16 = staging16.data() + l * layer_numel;
+        b16 = w16 + weight_numel;
+      }
+      init_linear(options.seed, l, options.width, init_weight.data(), weight_numel, init_bias.data(), width);
+      narrow(init_weight.data(), weight_numel, 1.0f, dtype, w16);
+      narrow(init_bias.data(), width, 1.0f, dtype, b16);
+      weight = w16;
+      bias = b16;
     }
-    init_linear(options.seed, l, options.width, weight, weight_numel, bias, width);
     group.params.push_back(spec(layer_param_name(l, "weight"), weight, weight_grad, weight_numel));
     group.params.push_back(spec(layer_param_name(l, "bias"), bias, bias_grad, width));
   }
@@ -489,21 +616,40 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   config.partition = options.partition;
   config.storage = options.storage;
   config.shard_state = shard_state;
+  config.stage = stage;
   config.cpu_threads = options.threads;
+  // f16 gradients underflow without a loss scale (torch.cuda.amp.GradScaler's defaults).
+  config.loss_scaling.enabled = dtype == DType::f16;
   std::vector<shardopt::ParamGroupSpec> groups;
   groups.push_back(std::move(group));
   ZeroOptimizer opt(comm_ptr, config, std::move(groups));
-  std::vector<float>().swap(staging);
+  std::vector<float>().swap(staging32);
+  std::vector<uint16_t>().swap(staging16);
+  std::vector<float>().swap(init_weight);
+  std::vector<float>().swap(init_bias);
 
   // peak_rss_mb is this process's (rank 0's, as printed) high-water mark from here to the end
-  // of the mode: parameters, gradients, optimizer state, activations and communication buffers
-  // (transient ones included), but neither the initial-value staging just freed nor anything
-  // left over from the previous mode.
+  // of the mode: parameters, gradients, optimizer state, activations, the f32 working copies
+  // of 16-bit parameters and communication buffers (transient ones included), but neither the
+  // initial-value staging just freed nor anything left over from the previous mode.
   const bool peak_is_per_mode = reset_peak_rss();
   if (!peak_is_per_mode && rank == 0) {
     std::fprintf(stderr, "shardopt-demo: note: cannot reset the peak RSS; peak_rss_mb is the "
                          "process-lifetime peak\n");
   }
+
+  std::vector<shardopt::ParamId> weight_id(static_cast<std::size_t>(options.layers));
+  std::vector<shardopt::ParamId> bias_id(weight_id.size());
+  for (int l = 0; l < options.layers; ++l) {
+    weight_id[l] = opt.find_param(layer_param_name(l, "weight"));
+    bias_id[l] = opt.find_param(layer_param_name(l, "bias"));
+  }
+  // 16-bit parameters: the f32 copies the forward/backward reads, layer after layer.
+  std::vector<float> work(half ? static_cast<std::size_t>(total_numel) : 0);
+  // One layer's f32 gradients, consumed by the hook before the next layer overwrites them.
+  std::vector<float> grad_scratch(direct_grads ? 0 : static_cast<std::size_t>(layer_numel));
+  // Stage 2, 16-bit: the narrowed gradients handed to reduce_gradient() (read before it returns).
+  std::vector<uint16_t> hand_scratch(hand_gradients && half ? static_cast<std::size_t>(layer_numel) : 0);
 
   // Views can move when the layout is rebuilt, so look them up again whenever it changes.
   std::vector<LinearTensors> net(static_cast<std::size_t>(options.layers));
@@ -512,17 +658,67 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   const auto refresh_views = [&] {
     if (have_views && opt.layout_version() == seen_layout) return;
     for (int l = 0; l < options.layers; ++l) {
-      const shardopt::ParamId w = opt.find_param(layer_param_name(l, "weight"));
-      const shardopt::ParamId b = opt.find_param(layer_param_name(l, "bias"));
-      net[l] = LinearTensors{opt.param_view(w).as<float>(), opt.param_view(b).as<float>(),
-                             opt.grad_view(w).as<float>(), opt.grad_view(b).as<float>()};
+      const shardopt::ParamId w = weight_id[l];
+      const shardopt::ParamId b = bias_id[l];
+      LinearTensors t;
+      if (half) {
+        t.weight = work.data() + l * layer_numel;
+        t.bias = t.weight + weight_numel;
+      } else {
+        t.weight = opt.param_view(w).as<float>();
+        t.bias = opt.param_view(b).as<float>();
+      }
+      if (direct_grads) {
+        t.weight_grad = opt.grad_view(w).as<float>();
+        t.bias_grad = opt.grad_view(b).as<float>();
+      } else {
+        t.weight_grad = grad_scratch.data();
+        t.bias_grad = grad_scratch.data() + weight_numel;
+      }
+      net[l] = t;
     }
     seen_layout = opt.layout_version();
     have_views = true;
   };
+  // 16-bit parameters -> the f32 working copies (after every step, outside the timed region).
+  const auto widen_params = [&] {
+    for (int l = 0; l < options.layers; ++l) {
+      widen(opt.param_view(weight_id[l]), work.data() + l * layer_numel);
+      widen(opt.param_view(bias_id[l]), work.data() + l * layer_numel + weight_numel);
+    }
+  };
+  // The backward hook: layer l's f32 gradients (in grad_scratch), scaled by the loss scale,
+  // go to the optimizer: narrowed into grad_view() (stage 1, or external buffers), or handed
+  // with reduce_gradient() (stage 2, bucket view), weight then bias, in backward order.
+  std::function<void(int)> layer_done;
+  if (!direct_grads) {
+    layer_done = [&](int l) {
+      const float scale = static_cast<float>(opt.loss_scale());
+      const shardopt::ParamId ids[2] = {weight_id[l], bias_id[l]};
+      const int64_t offsets[2] = {0, weight_numel};
+      const int64_t numels[2] = {weight_numel, width};
+      for (int k = 0; k < 2; ++k) {
+        const float* src = grad_scratch.data() + offsets[k];
+        if (hand_gradients) {
+          TensorRef grad{const_cast<float*>(src), numels[k], DType::f32, shardopt::Device::cpu()};
+          if (half) {
+            uint16_t* dst = hand_scratch.data() + offsets[k];
+            narrow(src, numels[k], scale, dtype, dst);
+            grad.data = dst;
+            grad.dtype = dtype;
+          }
+          opt.reduce_gradient(ids[k], grad);
+        } else {
+          narrow(src, numels[k], scale, dtype, opt.grad_view(ids[k]).as<uint16_t>());
+        }
+      }
+    };
+  }
 
   const char* const mode_name = shard_state ? "sharded" : "replicated";
   if (!options.resume_dir.empty()) opt.load(options.resume_dir + "/" + mode_name);
+  refresh_views();
+  if (half) widen_params();
 
   Mlp mlp(options.layers, options.width, options.batch);
   std::vector<float> input(static_cast<std::size_t>(options.batch) * width);
@@ -532,8 +728,9 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   for (int step = 0; step < options.steps; ++step) {
     refresh_views();
     // The backward pass overwrites the gradients, so no zero_grad() is needed.
-    const double loss = mlp.forward_backward(net, input.data(), target.data());
+    const double loss = mlp.forward_backward(net, input.data(), target.data(), layer_done);
     opt.reduce_gradients();
+    if (options.clip > 0.0) opt.clip_grad_norm(options.clip);
 
     // Time step() alone, between barriers, as one times torch's opt.step(): the update of
     // this rank's shard plus (sharded) the parameter sync.
@@ -543,13 +740,30 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
     const auto stop = std::chrono::steady_clock::now();
     comm.barrier();
     step_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+    if (half) {
+      refresh_views();
+      widen_params();
+    }
 
     if (options.verbose) {
       float mean_loss = static_cast<float>(loss);
       comm.all_reduce(&mean_loss, 1, DType::f32, shardopt::ReduceOp::avg);
       if (rank == 0) {
-        std::printf("step=%d loss=%.6f (mode=%s)\n", step, static_cast<double>(mean_loss),
-                    shard_state ? "sharded" : "replicated");
+        const shardopt::StepReport& report = opt.last_step();
+        std::string extra;
+        char buffer[128];
+        if (config.loss_scaling.enabled) {
+          std::snprintf(buffer, sizeof buffer, " loss_scale=%g skipped=%s skipped_steps=%" PRId64,
+                        report.loss_scale, report.skipped ? "yes" : "no", report.skipped_steps);
+          extra += buffer;
+        }
+        if (options.clip > 0.0) {
+          std::snprintf(buffer, sizeof buffer, " grad_norm=%.6e clip_coef=%.6f", report.grad_norm,
+                        report.clip_coef);
+          extra += buffer;
+        }
+        std::printf("step=%d loss=%.6f%s (mode=%s)\n", step, static_cast<double>(mean_loss),
+                    extra.c_str(), mode_name);
       }
     }
   }
@@ -570,21 +784,24 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   comm.all_reduce(&differs, 1, DType::f32, shardopt::ReduceOp::max);
   if (differs != 0.0f) {
     throw shardopt::Error(shardopt::ErrorCode::mismatch,
-                          std::string("ranks hold different parameters after mode=") +
-                              (shard_state ? "sharded" : "replicated"));
+                          std::string("ranks hold different parameters after mode=") + mode_name);
   }
 
   const shardopt::MemoryReport memory = opt.memory_report();
   if (options.verbose && rank == 0) {
-    std::printf("memory: state_bytes=%" PRId64 " param_buffer_bytes=%" PRId64
+    std::printf("memory: state_bytes=%" PRId64 " master_bytes=%" PRId64 " param_bytes=%" PRId64
+                " grad_bytes=%" PRId64 " buffer_bytes=%" PRId64 " param_buffer_bytes=%" PRId64
                 " grad_buffer_bytes=%" PRId64 " shard_numel=%" PRId64 " trainable_numel=%" PRId64
-                " (mode=%s, rank 0)\n",
-                memory.state_bytes, memory.param_buffer_bytes, memory.grad_buffer_bytes,
-                memory.shard_numel, memory.trainable_numel, shard_state ? "sharded" : "replicated");
+                " skipped_steps=%" PRId64 " (mode=%s, rank 0)\n",
+                memory.state_bytes, memory.master_bytes, memory.param_bytes, memory.grad_bytes,
+                memory.buffer_bytes, memory.param_buffer_bytes, memory.grad_buffer_bytes,
+                memory.shard_numel, memory.trainable_numel, opt.last_step().skipped_steps, mode_name);
   }
   ModeResult result;
   result.params = total_numel;
-  result.state_bytes = memory.state_bytes;
+  result.stage = stage;
+  result.state_bytes = memory.state_bytes + memory.master_bytes;
+  result.grad_bytes = memory.grad_bytes;
   result.peak_rss_mb = peak_rss_mib();
   result.step_ms_median = median(step_ms);
   result.params_sum = sum;
@@ -714,9 +931,10 @@ int run(int argc, char** argv) {
     results.push_back(train(comm, options, shard_state));
     const ModeResult& r = results.back();
     if (rank == 0) {
-      std::printf("mode=%s world=%d params=%" PRId64 " state_bytes=%" PRId64
-                  " peak_rss_mb=%.1f step_ms_median=%.3f params_sum=%.9e\n",
-                  shard_state ? "sharded" : "replicated", comm->size(), r.params, r.state_bytes,
+      std::printf("mode=%s world=%d params=%" PRId64 " dtype=%s stage=%d state_bytes=%" PRId64
+                  " grad_bytes=%" PRId64 " peak_rss_mb=%.1f step_ms_median=%.3f params_sum=%.9e\n",
+                  shard_state ? "sharded" : "replicated", comm->size(), r.params,
+                  shardopt::dtype_name(options.dtype), r.stage, r.state_bytes, r.grad_bytes,
                   r.peak_rss_mb, r.step_ms_median, r.params_sum);
       std::fflush(stdout);
     }

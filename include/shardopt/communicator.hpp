@@ -26,6 +26,21 @@ struct CommOptions {
 
 // Collectives over one group of ranks. Counts are elements of `dtype`; buffers live on
 // `device()`. All ranks of the group must call the same collectives in the same order.
+//
+// Reductions (all_reduce, reduce_scatter, reduce) take f32, bf16 and f16 with sum, avg and max
+// on every backend; avg is the sum divided by size(). Over MPI (host buffers):
+//  - f32: MPI_SUM / MPI_MAX; avg divides each element of the sum by size() in float on the
+//    host, one step shared by all three collectives.
+//  - bf16/f16: each pairwise combination of two ranks' values is done in float and rounded
+//    back to the dtype to nearest even (which is the correctly rounded sum of the two); avg
+//    divides the reduced sum by size() in float and rounds the quotient to nearest even. max
+//    does not depend on the order: NaN if any rank has NaN, and +0 over -0.
+// Hence, for the same inputs and world size, avg (like sum) is bitwise the same whichever
+// collective produced it whenever the sums are the same, which holds for 1 or 2 ranks
+// (addition commutes) and whenever every partial sum is exact in the dtype (e.g. small
+// integers). With 3 or more ranks and inexact sums, MPI's algorithms (which differ between
+// collectives, world sizes and message sizes) may associate the additions differently, so the
+// results may differ in rounding. Over NCCL, avg is ncclAvg and sums follow NCCL's own order.
 class SHARDOPT_API Communicator {
  public:
   virtual ~Communicator() = default;
@@ -42,6 +57,10 @@ class SHARDOPT_API Communicator {
   virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
                               ReduceOp op) = 0;
   virtual void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) = 0;
+  // Reduces every rank's `count` elements of `send` into `recv` on `root` (recv is ignored on
+  // other ranks). In place on the root when send == recv.
+  virtual void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                      int root) = 0;
   virtual void barrier() = 0;
 
   virtual std::unique_ptr<PendingCollective> broadcast_async(void* buffer, int64_t count,
@@ -50,6 +69,14 @@ class SHARDOPT_API Communicator {
                                                               int64_t count, DType dtype) = 0;
   virtual std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count,
                                                               DType dtype, ReduceOp op) = 0;
+  // As reduce_scatter; the buffers must stay untouched until wait() returns.
+  virtual std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv,
+                                                                  int64_t count, DType dtype,
+                                                                  ReduceOp op) = 0;
+  // As reduce; the buffers must stay untouched until wait() returns.
+  virtual std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv,
+                                                          int64_t count, DType dtype, ReduceOp op,
+                                                          int root) = 0;
 
   // Ranks passing the same color form a new group, ordered by key (ties by old rank).
   // Collective over this group.

@@ -37,6 +37,19 @@ struct Hyperparams {
   bool amsgrad = false;
 };
 
+// Dynamic loss scaling for f16 gradients, with torch.cuda.amp.GradScaler's parameters and rules:
+// a step whose gradients hold an inf or NaN on any rank is skipped on every rank (no param,
+// state or step-count change) and the scale is multiplied by backoff_factor (never below
+// min_scale); after growth_interval clean steps in a row it is multiplied by growth_factor.
+struct LossScaling {
+  bool enabled = false;
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  double min_scale = 1.0;
+};
+
 struct OptimizerConfig {
   Algorithm algorithm = Algorithm::adam;
   PartitionStrategy partition = PartitionStrategy::flat;
@@ -48,6 +61,16 @@ struct OptimizerConfig {
   int64_t bucket_bytes = int64_t{64} << 20;
   // Threads for the CPU update (OpenMP); 0 leaves the OpenMP default.
   int cpu_threads = 0;
+  // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
+  // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and
+  // keeps gradient memory for its shard only; see reduce_gradient().
+  int stage = 1;
+  // bf16/f16 parameters: how the updated fp32 master is written back into the parameter.
+  // false: round to nearest even. true: stochastic rounding, drawn from a counter-based hash of
+  // (rounding_seed, step, element), so a run is reproducible and independent of the world size.
+  bool stochastic_rounding = false;
+  uint64_t rounding_seed = 0;
+  LossScaling loss_scaling;
 };
 
 // Parameters live on the CPU or on one CUDA device (Device::cuda(i)), the same for all of an
@@ -72,12 +95,27 @@ struct ParamGroupSpec {
 
 using ParamId = int32_t;  // registration order across all groups, as torch's global index
 
+// Bytes this rank holds, per component. The ZeRO paper's per-parameter formulas (bf16 params,
+// Adam): stage 1 = params 2 + grads 2 + (master 4 + state 8)/N; stage 2 = 2 + (2 + 12)/N.
 struct MemoryReport {
-  int64_t state_bytes = 0;         // optimizer state held by this rank
-  int64_t param_buffer_bytes = 0;  // flat parameter buffer (bucket view) or sync staging
-  int64_t grad_buffer_bytes = 0;   // flat gradient buffer (bucket view) or reduce staging
+  int64_t state_bytes = 0;         // optimizer state (exp_avg, exp_avg_sq, momentum, ...)
+  int64_t master_bytes = 0;        // fp32 master copies of this rank's shard (bf16/f16 params)
+  int64_t param_bytes = 0;         // parameters shardopt owns (bucket view: the flat buffer)
+  int64_t grad_bytes = 0;          // gradients shardopt owns (stage 2: this rank's shard only)
+  int64_t buffer_bytes = 0;        // staging for the sync and the gradient reduction
+  int64_t param_buffer_bytes = 0;  // param_bytes plus the sync staging (kept for older callers)
+  int64_t grad_buffer_bytes = 0;   // grad_bytes plus the reduce staging (kept for older callers)
   int64_t shard_numel = 0;         // elements this rank updates
   int64_t trainable_numel = 0;     // trainable elements over all ranks
+};
+
+// What the last step() did.
+struct StepReport {
+  bool skipped = false;          // loss scaling found an inf/NaN gradient on some rank
+  double loss_scale = 1.0;       // the scale the step's gradients carried (1 without scaling)
+  double grad_norm = -1.0;       // total norm from clip_grad_norm() before this step; -1 if none
+  double clip_coef = 1.0;        // factor applied to the (unscaled) gradients by clipping
+  int64_t skipped_steps = 0;     // skipped steps since construction
 };
 
 class SHARDOPT_API ZeroOptimizer {
@@ -115,8 +153,27 @@ class SHARDOPT_API ZeroOptimizer {
   uint64_t layout_version() const;  // bumps whenever views may have moved
 
   void zero_grad();
-  // Averages gradients over the ranks (bucketed all-reduce), for trainers without their own DDP.
+  // Averages gradients over the ranks, for trainers without their own DDP. Stage 1: a bucketed
+  // all-reduce of every gradient. Stage 2: each rank receives only its shard's average
+  // (bucketed reduce-scatter); external storage reads the caller's gradient buffers, bucket
+  // view takes the gradients handed to reduce_gradient() since the last step and checks that
+  // every trainable parameter was handed.
   void reduce_gradients();
+  // Stage 2, bucket view: hands this rank's local gradient of one parameter (as a backward hook
+  // would). Collective per bucket: every rank must hand the same parameters in the same order,
+  // once per step; a bucket is reduced to its owners as soon as all its parameters are in, so
+  // only the shard's gradients (plus in-flight buckets) are kept. `grad` is read before the
+  // call returns. Error(invalid_argument) for a wrong numel/dtype/device or a second hand-over.
+  void reduce_gradient(ParamId id, const TensorRef& grad);
+  // Collective. Total norm (norm_type 2 or inf) of the averaged, unscaled gradients over all
+  // ranks' shards, as torch.nn.utils.clip_grad_norm_ returns it; the factor
+  // max_norm / (norm + 1e-6), capped at 1, is applied inside the next step()'s update (no
+  // extra pass over the gradients, which keep their values). Call after reduce_gradients().
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+  // Loss scaling: the factor to multiply the loss by before backward (1 when disabled).
+  double loss_scale() const;
+  void set_loss_scale(double scale);  // e.g. when resuming; resets the growth count
+  const StepReport& last_step() const;
   // Updates this rank's shard, then syncs parameters so every rank holds the same values.
   void step();
   // Calls `closure` (which recomputes loss and gradients) first, then steps; returns its loss.

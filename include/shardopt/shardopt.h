@@ -7,9 +7,12 @@
  *    naming the function and what was wrong (parameter, rank, file); it is per thread and stays
  *    valid until the next shardopt_* call on that thread. A successful call clears it to "".
  *  - Structs passed in or filled out begin with `size_t struct_size`, set by the caller to
- *    sizeof(the struct) as its header declared it (the shardopt_*_init helpers do that). The
- *    library refuses a size it does not know with SHARDOPT_ERR_STRUCT_SIZE, so a program built
- *    against another version of this header fails cleanly instead of reading past a struct.
+ *    sizeof(the struct) as its header declared it (the shardopt_*_init helpers do that). New
+ *    fields are only ever appended, and the library still accepts the size of every earlier
+ *    version of a struct (it then reads, or fills in, only that version's fields; the fields
+ *    added since take their defaults). A size it does not know, such as one from a newer header,
+ *    is refused with SHARDOPT_ERR_STRUCT_SIZE, so a program built against another version of
+ *    this header fails cleanly instead of reading or writing past a struct.
  *  - Handles are checked: a destroyed, never-created or wrong-kind handle gives
  *    SHARDOPT_ERR_BAD_HANDLE (without being dereferenced); NULL gives SHARDOPT_ERR_NULL_POINTER,
  *    as does any other NULL pointer argument, except for the destroy functions (a no-op).
@@ -155,6 +158,21 @@ typedef enum shardopt_storage {
   SHARDOPT_STORAGE_EXTERNAL = 1     /* the caller's buffers stay put; shardopt copies to/from them */
 } shardopt_storage;
 
+/* Dynamic loss scaling for f16 gradients, with torch.cuda.amp.GradScaler's parameters and rules:
+ * the caller multiplies the loss by shardopt_optimizer_loss_scale() before backward; a step whose
+ * gradients hold an inf or NaN on any rank is skipped on every rank (no parameter, state or step
+ * count changes) and the scale is multiplied by backoff_factor (never below min_scale); after
+ * growth_interval clean steps in a row it is multiplied by growth_factor. Embedded in
+ * shardopt_optimizer_config; like shardopt_tensor this struct is frozen and has no struct_size. */
+typedef struct shardopt_loss_scaling {
+  int32_t enabled;         /* boolean; 0: the scale is 1 and the fields below are ignored */
+  double init_scale;       /* finite, > 0 */
+  double growth_factor;    /* finite, > 1 */
+  double backoff_factor;   /* in (0, 1) */
+  int64_t growth_interval; /* > 0 */
+  double min_scale;        /* finite, > 0, <= init_scale */
+} shardopt_loss_scaling;
+
 typedef struct shardopt_optimizer_config {
   size_t struct_size;
   shardopt_algorithm algorithm;
@@ -166,6 +184,19 @@ typedef struct shardopt_optimizer_config {
   int64_t bucket_bytes;
   /* Threads of the CPU update; 0 leaves the OpenMP default. */
   int32_t threads;
+  /* ---- appended later: the size of the earlier struct (through `threads`) is still accepted,
+   * and then leaves the fields below at their defaults ---- */
+  /* 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
+   * receives only its shard's averaged gradients and keeps gradient memory for its shard only
+   * (needs shard_state = 1); with bucket-view storage the gradients are handed one parameter
+   * at a time with shardopt_optimizer_reduce_gradient instead of written into grad views. */
+  int32_t stage;
+  /* bf16/f16 parameters: how the updated fp32 master copy is written back into the parameter.
+   * 0: round to nearest even. 1: stochastic rounding, drawn from a counter-based hash of
+   * (rounding_seed, step, element): reproducible, and independent of the world size. */
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -176,6 +207,15 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->shard_state = 1;
   config->bucket_bytes = (int64_t)64 << 20;
   config->threads = 0;
+  config->stage = 1;
+  config->stochastic_rounding = 0;
+  config->rounding_seed = 0;
+  config->loss_scaling.enabled = 0;
+  config->loss_scaling.init_scale = 65536.0;
+  config->loss_scaling.growth_factor = 2.0;
+  config->loss_scaling.backoff_factor = 0.5;
+  config->loss_scaling.growth_interval = 2000;
+  config->loss_scaling.min_scale = 1.0;
 }
 
 /* Per-group hyperparameters with torch.optim's names and defaults; changeable between steps. */
@@ -250,14 +290,54 @@ static inline void shardopt_param_group_desc_init(shardopt_param_group_desc* des
   desc->hyperparams = NULL;
 }
 
+/* Bytes this rank holds, per component. */
 typedef struct shardopt_memory_report {
   size_t struct_size;
-  int64_t state_bytes;        /* optimizer state held by this rank */
-  int64_t param_buffer_bytes; /* flat parameter buffer (bucket view) or sync staging */
-  int64_t grad_buffer_bytes;  /* flat gradient buffer (bucket view) or reduce staging */
+  int64_t state_bytes;        /* optimizer state (exp_avg, exp_avg_sq, momentum, ...) */
+  int64_t param_buffer_bytes; /* param_bytes plus the parameter sync's staging */
+  int64_t grad_buffer_bytes;  /* grad_bytes plus the gradient reduction's staging */
   int64_t shard_numel;        /* elements this rank updates */
   int64_t trainable_numel;    /* trainable elements over all ranks */
+  /* ---- appended later: the size of the earlier struct (through trainable_numel) is still
+   * accepted, and then these are not written ---- */
+  int64_t master_bytes; /* fp32 master copies of this rank's shard (bf16/f16 parameters) */
+  int64_t param_bytes;  /* parameters shardopt owns (bucket view: the flat buffer) */
+  int64_t grad_bytes;   /* gradients shardopt owns (stage 2: this rank's shard only) */
+  int64_t buffer_bytes; /* staging for the parameter sync and the gradient reduction */
 } shardopt_memory_report;
+
+static inline void shardopt_memory_report_init(shardopt_memory_report* report) {
+  report->struct_size = sizeof(shardopt_memory_report);
+  report->state_bytes = 0;
+  report->param_buffer_bytes = 0;
+  report->grad_buffer_bytes = 0;
+  report->shard_numel = 0;
+  report->trainable_numel = 0;
+  report->master_bytes = 0;
+  report->param_bytes = 0;
+  report->grad_bytes = 0;
+  report->buffer_bytes = 0;
+}
+
+/* What the last shardopt_optimizer_step did (before the first step: skipped 0, loss_scale 1,
+ * grad_norm -1, clip_coef 1, skipped_steps 0). */
+typedef struct shardopt_step_report {
+  size_t struct_size;
+  int32_t skipped;       /* boolean: loss scaling found an inf/NaN gradient on some rank */
+  double loss_scale;     /* the scale the step's gradients carried (1 without loss scaling) */
+  double grad_norm;      /* total norm from clip_grad_norm before the step; -1 if not called */
+  double clip_coef;      /* factor clipping applied to the (unscaled) gradients; 1 if none */
+  int64_t skipped_steps; /* steps skipped since the optimizer was created */
+} shardopt_step_report;
+
+static inline void shardopt_step_report_init(shardopt_step_report* report) {
+  report->struct_size = sizeof(shardopt_step_report);
+  report->skipped = 0;
+  report->loss_scale = 1.0;
+  report->grad_norm = -1.0;
+  report->clip_coef = 1.0;
+  report->skipped_steps = 0;
+}
 
 /* ---- the optimizer ------------------------------------------------------------------------- */
 
@@ -301,7 +381,8 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_get_trainable(shardopt_optimiz
 SHARDOPT_C_API shardopt_status shardopt_optimizer_param_step(shardopt_optimizer_t opt, int32_t id,
                                                              int64_t* out);
 /* bucket_view: views into shardopt's flat buffers (write gradients into grad_view's buffer);
- * external: the caller's own buffers. */
+ * external: the caller's own buffers. At stage 2 with bucket_view there is no gradient buffer to
+ * view (SHARDOPT_ERR_INVALID_ARGUMENT): hand gradients with shardopt_optimizer_reduce_gradient. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_param_view(shardopt_optimizer_t opt, int32_t id,
                                                              shardopt_tensor* out);
 SHARDOPT_C_API shardopt_status shardopt_optimizer_grad_view(shardopt_optimizer_t opt, int32_t id,
@@ -313,15 +394,48 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_param_owner(shardopt_optimizer
 SHARDOPT_C_API shardopt_status shardopt_optimizer_layout_version(shardopt_optimizer_t opt, uint64_t* out);
 
 SHARDOPT_C_API shardopt_status shardopt_optimizer_zero_grad(shardopt_optimizer_t opt);
-/* Collective: averages gradients over the ranks (skip it if the trainer has its own DDP). */
+/* Collective: averages gradients over the ranks (skip it if the trainer has its own DDP).
+ * Stage 1: a bucketed all-reduce of every gradient. Stage 2: each rank receives only its
+ * shard's average; external storage reads the registered gradient buffers, bucket view finishes
+ * the round of shardopt_optimizer_reduce_gradient calls (every trainable parameter must have
+ * been handed since the last step). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradients(shardopt_optimizer_t opt);
+/* Stage 2, bucket view: hands this rank's local gradient of param `id` (as a backward hook
+ * would); `grad` must have the parameter's numel, dtype and device, and is read before the call
+ * returns. Collective per bucket: every rank hands the same parameters in the same order, once
+ * per step, then calls shardopt_optimizer_reduce_gradients. A call refused on one rank leaves
+ * the others waiting for that bucket until the communicator's timeout. Refused with
+ * SHARDOPT_ERR_INVALID_ARGUMENT at stage 1, with external storage, for a frozen param, a wrong
+ * numel/dtype/device or a second hand-over of the same param in one round. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradient(shardopt_optimizer_t opt, int32_t id,
+                                                                  const shardopt_tensor* grad);
+/* As shardopt_optimizer_reduce_gradient, with the gradient as a DLPack tensor (checked as
+ * shardopt_tensor_from_dlpack does). The tensor is consumed: once the call returns SHARDOPT_OK its
+ * deleter has run (the values were copied first); when the call fails it stays the caller's. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradient_dlpack(shardopt_optimizer_t opt, int32_t id,
+                                                                         DLManagedTensorVersioned* grad);
+/* Collective, after reduce_gradients: the total norm (norm_type 2.0, or +infinity (HUGE_VAL)
+ * for the max norm) of the averaged, unscaled gradients over all ranks' shards, as
+ * torch.nn.utils.clip_grad_norm_ returns it (NaN if a gradient is inf or NaN). The next step
+ * multiplies the gradients by max_norm / (norm + 1e-6), capped at 1 (the gradient buffers keep
+ * their values). `out_norm` may be NULL. SHARDOPT_ERR_INVALID_ARGUMENT for another norm_type or
+ * a max_norm that is negative or not finite. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_clip_grad_norm(shardopt_optimizer_t opt, double max_norm,
+                                                                 double norm_type, double* out_norm);
+/* Loss scaling: the factor to multiply the loss by before backward (1 when it is disabled). */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_loss_scale(shardopt_optimizer_t opt, double* out);
+/* Sets the scale (e.g. when resuming) and restarts the growth count; same value on every rank.
+ * SHARDOPT_ERR_INVALID_ARGUMENT when loss scaling is disabled or `scale` is not finite and > 0. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_set_loss_scale(shardopt_optimizer_t opt, double scale);
 /* Collective: updates this rank's shard, then syncs parameters to every rank. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_step(shardopt_optimizer_t opt);
+/* What the last step did. `out->struct_size` must be set by the caller (shardopt_step_report_init). */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_step_report* out);
 /* CUDA parameters: the cudaStream_t (as void*) all of the optimizer's device work runs on;
  * order gradient writes before reduce_gradients/step, and parameter reads after, against it.
  * NULL for CPU parameters. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_cuda_stream(shardopt_optimizer_t opt, void** out);
-/* `out->struct_size` must be set by the caller. */
+/* `out->struct_size` must be set by the caller (shardopt_memory_report_init). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_memory_report(shardopt_optimizer_t opt,
                                                                 shardopt_memory_report* out);
 

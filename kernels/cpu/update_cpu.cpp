@@ -1,12 +1,20 @@
-// kernels/cpu/update_cpu.cpp — vectorisable loops over the shared rules, split across OpenMP threads.
+// kernels/cpu/update_cpu.cpp — vectorisable loops over the shared rules and conversions, split across OpenMP threads.
 //
-// The rules' flags are loop-invariant; each is lifted into a template parameter so that the
-// inner loop the compiler vectorises has no branches. This file is built with
-// -ffp-contract=off: vector body and scalar tail then round identically, which keeps N-rank
-// results bitwise equal to 1-rank results whatever the shard boundaries.
+// The rules' flags, the element format and the rounding mode are loop-invariant; each is
+// lifted into a template parameter so that the inner loop the compiler vectorises has no
+// branches. This file is built with -ffp-contract=off: vector body and scalar tail then round
+// identically, which keeps N-rank results bitwise equal to 1-rank results whatever the shard
+// boundaries.
 #include "cpu/update_cpu.hpp"
 
 #include <algorithm>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "grad_stats.hpp"
+#include "precision.hpp"
+#include "shardopt/error.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -18,19 +26,32 @@ namespace {
 
 // Below this many elements a thread team costs more than it saves.
 constexpr int64_t kMinElementsPerThread = 1 << 15;
+// Thread ranges start on multiples of this many elements: 128 bytes of f32, 64 of bf16/f16,
+// so threads never write the same cache line.
+constexpr int64_t kThreadAlignment = 32;
+
+int team_size(int64_t n, int threads) {
+#ifdef _OPENMP
+  const int team = threads > 0 ? threads : omp_get_max_threads();
+  return static_cast<int>(std::min<int64_t>(team, std::max<int64_t>(1, n / kMinElementsPerThread)));
+#else
+  (void)n;
+  (void)threads;
+  return 1;
+#endif
+}
 
 template <typename Body>
 void parallel_ranges(int64_t n, int threads, const Body& body) {
 #ifdef _OPENMP
-  int team = threads > 0 ? threads : omp_get_max_threads();
-  team = static_cast<int>(std::min<int64_t>(team, std::max<int64_t>(1, n / kMinElementsPerThread)));
+  const int team = team_size(n, threads);
   if (team > 1) {
 #pragma omp parallel num_threads(team)
     {
       const int t = omp_get_thread_num();
       const int count = omp_get_num_threads();
-      // Chunk edges on 16-element (64-byte) boundaries so threads never share a cache line.
-      const int64_t chunk = ((n + count - 1) / count + 15) / 16 * 16;
+      const int64_t chunk =
+          ((n + count - 1) / count + kThreadAlignment - 1) / kThreadAlignment * kThreadAlignment;
       const int64_t begin = std::min<int64_t>(n, t * chunk);
       const int64_t end = std::min<int64_t>(n, begin + chunk);
       if (begin < end) body(begin, end);
@@ -43,105 +64,377 @@ void parallel_ranges(int64_t n, int threads, const Body& body) {
   body(int64_t{0}, n);
 }
 
-template <bool kMaximize, bool kWeightDecay, bool kMomentum, bool kFirst, bool kNesterov>
-void sgd_loop(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t begin,
-              int64_t end, SgdScalars s) {
+// Runtime flags to template parameters: f receives std::integral_constant values.
+template <typename F>
+void with_flag(bool flag, const F& f) {
+  if (flag) f(std::true_type{});
+  else f(std::false_type{});
+}
+
+template <typename T>
+T* offset_or_null(T* p, int64_t offset) {
+  return p ? p + offset : nullptr;  // no arithmetic on null (UBSan)
+}
+
+// Calls body(begin, end, index_high, index_low) on the pieces of [begin, end) whose rounding
+// indices (first_index + i) share their high 32 bits, so that the loops only do 32-bit
+// arithmetic on the index. A range crosses such a boundary at most once per 2^32 elements.
+template <typename Body>
+void for_each_index_block(uint64_t first_index, int64_t begin, int64_t end, const Body& body) {
+  int64_t b = begin;
+  while (b < end) {
+    const uint64_t index = first_index + static_cast<uint64_t>(b);
+    const uint64_t to_boundary = (uint64_t{1} << 32) - (index & 0xffffffffu);
+    const uint64_t left = static_cast<uint64_t>(end - b);
+    const int64_t e = left <= to_boundary ? end : b + static_cast<int64_t>(to_boundary);
+    body(b, e, static_cast<uint32_t>(index >> 32), static_cast<uint32_t>(index));
+    b = e;
+  }
+}
+
+// ---- argument checks (the loops themselves trust their pointers) ------------------------------------
+
+[[noreturn]] void invalid(const char* op, const std::string& what) {
+  throw Error(ErrorCode::invalid_argument, std::string(op) + ": " + what);
+}
+
+void check_dtype(DType dtype, const char* op) {
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
+    invalid(op, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
+  }
+}
+
+void check_buffer(const void* p, const char* op, const char* name) {
+  if (p == nullptr) invalid(op, std::string("`") + name + "` is null");
+}
+
+// A master exists exactly when the parameter is 16-bit.
+void check_tensors(const UpdateTensors& t, const char* op) {
+  check_dtype(t.dtype, op);
+  check_buffer(t.param, op, "param");
+  check_buffer(t.grad, op, "grad");
+  if (t.dtype == DType::f32 && t.master != nullptr) {
+    invalid(op, "an f32 parameter is its own master, but `master` is not null");
+  }
+  if (t.dtype != DType::f32 && t.master == nullptr) {
+    invalid(op, std::string("a ") + dtype_name(t.dtype) + " parameter needs an fp32 master, but `master` is null");
+  }
+}
+
+// ---- SGD -----------------------------------------------------------------------------------------
+
+// Momentum modes: what the momentum buffer does, with nesterov only where there is one.
+enum SgdMode { kNoMomentum, kFirst, kFirstNesterov, kLater, kLaterNesterov };
+
+template <typename F>
+void with_sgd_mode(const SgdScalars& s, const F& f) {
+  if (!s.use_momentum) f(std::integral_constant<int, kNoMomentum>{});
+  else if (s.first_step && s.nesterov) f(std::integral_constant<int, kFirstNesterov>{});
+  else if (s.first_step) f(std::integral_constant<int, kFirst>{});
+  else if (s.nesterov) f(std::integral_constant<int, kLaterNesterov>{});
+  else f(std::integral_constant<int, kLater>{});
+}
+
+// `master` is null for f32 (the parameter is its own master); element i of this piece has
+// rounding random index (index_high, index_low + i).
+template <typename Format, bool kStochastic, bool kTransform, bool kMaximize, bool kWeightDecay,
+          int kMode>
+void sgd_loop(typename Format::Storage* __restrict param,
+              const typename Format::Storage* __restrict grad, float* __restrict master,
+              float* __restrict buf, int64_t n, SgdScalars s, GradTransform gt,
+              RoundingBlockKey key, uint32_t index_low) {
+  constexpr bool kMomentum = kMode != kNoMomentum;
   s.maximize = kMaximize;
   s.use_momentum = kMomentum;
-  s.first_step = kFirst;
-  s.nesterov = kNesterov;
+  s.first_step = kMode == kFirst || kMode == kFirstNesterov;
+  s.nesterov = kMode == kFirstNesterov || kMode == kLaterNesterov;
   if (!kWeightDecay) s.weight_decay = 0.f;
   const SgdRule rule{s};
-  if (kMomentum) {
 #pragma omp simd
-    for (int64_t i = begin; i < end; ++i) rule(p[i], g[i], buf[i]);
-  } else {
-    float unused = 0.f;
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      float local = unused;
-      rule(p[i], g[i], local);
-    }
-  }
-}
-
-template <bool kMaximize, bool kWeightDecay, bool kMomentum, bool kFirst>
-void sgd_dispatch_nesterov(float* p, const float* g, float* buf, int64_t b, int64_t e,
-                           const SgdScalars& s) {
-  if (s.nesterov) sgd_loop<kMaximize, kWeightDecay, kMomentum, kFirst, true>(p, g, buf, b, e, s);
-  else sgd_loop<kMaximize, kWeightDecay, kMomentum, kFirst, false>(p, g, buf, b, e, s);
-}
-
-template <bool kMaximize, bool kWeightDecay>
-void sgd_dispatch_momentum(float* p, const float* g, float* buf, int64_t b, int64_t e,
-                           const SgdScalars& s) {
-  if (!s.use_momentum) sgd_loop<kMaximize, kWeightDecay, false, false, false>(p, g, buf, b, e, s);
-  else if (s.first_step) sgd_dispatch_nesterov<kMaximize, kWeightDecay, true, true>(p, g, buf, b, e, s);
-  else sgd_dispatch_nesterov<kMaximize, kWeightDecay, true, false>(p, g, buf, b, e, s);
-}
-
-template <bool kMaximize, bool kDecoupled, bool kWeightDecay, bool kAmsgrad>
-void adam_loop(float* __restrict p, const float* __restrict g, float* __restrict m,
-               float* __restrict v, float* __restrict vmax, int64_t begin, int64_t end,
-               AdamScalars s) {
-  s.maximize = kMaximize;
-  s.decoupled = kDecoupled;
-  s.amsgrad = kAmsgrad;
-  if (!kWeightDecay) s.weight_decay = 0.f;
-  const AdamRule rule{s};
-  if (kAmsgrad) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) rule(p[i], g[i], m[i], v[i], vmax[i]);
-  } else {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      float unused = 0.f;
-      rule(p[i], g[i], m[i], v[i], unused);
-    }
-  }
-}
-
-template <bool kMaximize, bool kDecoupled>
-void adam_dispatch_tail(float* p, const float* g, float* m, float* v, float* vmax, int64_t b,
-                        int64_t e, const AdamScalars& s) {
-  const bool wd = !kDecoupled && s.weight_decay != 0.f;
-  if (wd) {
-    if (s.amsgrad) adam_loop<kMaximize, kDecoupled, true, true>(p, g, m, v, vmax, b, e, s);
-    else adam_loop<kMaximize, kDecoupled, true, false>(p, g, m, v, vmax, b, e, s);
-  } else {
-    if (s.amsgrad) adam_loop<kMaximize, kDecoupled, false, true>(p, g, m, v, vmax, b, e, s);
-    else adam_loop<kMaximize, kDecoupled, false, false>(p, g, m, v, vmax, b, e, s);
-  }
-}
-
-}  // namespace
-
-void sgd_update_cpu(float* param, const float* grad, float* momentum_buf, int64_t n,
-                    const SgdScalars& s, int threads) {
-  if (n <= 0) return;
-  parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
-    const bool wd = s.weight_decay != 0.f;
-    if (s.maximize) {
-      if (wd) sgd_dispatch_momentum<true, true>(param, grad, momentum_buf, b, e, s);
-      else sgd_dispatch_momentum<true, false>(param, grad, momentum_buf, b, e, s);
+  for (int64_t i = 0; i < n; ++i) {
+    float g = Format::widen(grad[i]);
+    if (kTransform) g = transform_grad(g, gt);
+    float p;
+    if constexpr (Format::kHasMaster) p = master[i];
+    else p = param[i];
+    if constexpr (kMomentum) {
+      rule(p, g, buf[i]);
     } else {
-      if (wd) sgd_dispatch_momentum<false, true>(param, grad, momentum_buf, b, e, s);
-      else sgd_dispatch_momentum<false, false>(param, grad, momentum_buf, b, e, s);
+      float unused = 0.f;
+      rule(p, g, unused);
+    }
+    if constexpr (Format::kHasMaster) {
+      master[i] = p;
+      const uint32_t random =
+          kStochastic ? rounding_random_in_block(key, index_low + static_cast<uint32_t>(i)) : 0u;
+      param[i] = narrow_param<Format, kStochastic>(p, random);
+    } else {
+      param[i] = p;
+    }
+  }
+}
+
+template <typename Format, bool kStochastic, bool kTransform>
+void sgd_range(const UpdateTensors& t, float* buf, int64_t begin, int64_t end, const SgdScalars& s,
+               const GradTransform& gt, uint64_t first_index, uint32_t step_key) {
+  using Storage = typename Format::Storage;
+  Storage* param = static_cast<Storage*>(t.param);
+  const Storage* grad = static_cast<const Storage*>(t.grad);
+  for_each_index_block(first_index, begin, end, [&](int64_t b, int64_t e, uint32_t high, uint32_t low) {
+    const RoundingBlockKey key = kStochastic ? rounding_block_key(step_key, high) : RoundingBlockKey{0u, 0u};
+    with_flag(s.maximize, [&](auto maximize) {
+      with_flag(s.weight_decay != 0.f, [&](auto decay) {
+        with_sgd_mode(s, [&](auto mode) {
+          sgd_loop<Format, kStochastic, kTransform, decltype(maximize)::value, decltype(decay)::value,
+                   decltype(mode)::value>(param + b, grad + b, offset_or_null(t.master, b),
+                                          offset_or_null(buf, b), e - b, s, gt, key, low);
+        });
+      });
+    });
+  });
+}
+
+// ---- Adam / AdamW ----------------------------------------------------------------------------------
+
+// Weight decay modes: none, L2 into the gradient (Adam), decoupled (AdamW).
+enum DecayMode { kNoDecay, kL2, kDecoupled };
+
+template <typename F>
+void with_decay_mode(const AdamScalars& s, const F& f) {
+  if (s.decoupled) f(std::integral_constant<int, kDecoupled>{});
+  else if (s.weight_decay != 0.f) f(std::integral_constant<int, kL2>{});
+  else f(std::integral_constant<int, kNoDecay>{});
+}
+
+template <typename Format, bool kStochastic, bool kTransform, bool kMaximize, int kDecay,
+          bool kAmsgrad>
+void adam_loop(typename Format::Storage* __restrict param,
+               const typename Format::Storage* __restrict grad, float* __restrict master,
+               float* __restrict m, float* __restrict v, float* __restrict vmax, int64_t n,
+               AdamScalars s, GradTransform gt, RoundingBlockKey key, uint32_t index_low) {
+  s.maximize = kMaximize;
+  s.decoupled = kDecay == kDecoupled;
+  s.amsgrad = kAmsgrad;
+  if (kDecay != kL2) s.weight_decay = 0.f;
+  const AdamRule rule{s};
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float g = Format::widen(grad[i]);
+    if (kTransform) g = transform_grad(g, gt);
+    float p;
+    if constexpr (Format::kHasMaster) p = master[i];
+    else p = param[i];
+    if constexpr (kAmsgrad) {
+      rule(p, g, m[i], v[i], vmax[i]);
+    } else {
+      float unused = 0.f;
+      rule(p, g, m[i], v[i], unused);
+    }
+    if constexpr (Format::kHasMaster) {
+      master[i] = p;
+      const uint32_t random =
+          kStochastic ? rounding_random_in_block(key, index_low + static_cast<uint32_t>(i)) : 0u;
+      param[i] = narrow_param<Format, kStochastic>(p, random);
+    } else {
+      param[i] = p;
+    }
+  }
+}
+
+template <typename Format, bool kStochastic, bool kTransform>
+void adam_range(const UpdateTensors& t, float* m, float* v, float* vmax, int64_t begin,
+                int64_t end, const AdamScalars& s, const GradTransform& gt, uint64_t first_index,
+                uint32_t step_key) {
+  using Storage = typename Format::Storage;
+  Storage* param = static_cast<Storage*>(t.param);
+  const Storage* grad = static_cast<const Storage*>(t.grad);
+  for_each_index_block(first_index, begin, end, [&](int64_t b, int64_t e, uint32_t high, uint32_t low) {
+    const RoundingBlockKey key = kStochastic ? rounding_block_key(step_key, high) : RoundingBlockKey{0u, 0u};
+    with_flag(s.maximize, [&](auto maximize) {
+      with_decay_mode(s, [&](auto decay) {
+        with_flag(s.amsgrad, [&](auto amsgrad) {
+          adam_loop<Format, kStochastic, kTransform, decltype(maximize)::value, decltype(decay)::value,
+                    decltype(amsgrad)::value>(param + b, grad + b, offset_or_null(t.master, b), m + b,
+                                              v + b, offset_or_null(vmax, b), e - b, s, gt, key, low);
+        });
+      });
+    });
+  });
+}
+
+// Calls f(Format, stochastic, transform) as types/constants for one update call. f32 ignores
+// the rounding mode (there is nothing to round).
+template <typename F>
+void with_update_mode(DType dtype, bool stochastic, bool transform, const F& f) {
+  with_flag(transform, [&](auto kTransform) {
+    switch (dtype) {
+      case DType::f32:
+        f(F32Format{}, std::false_type{}, kTransform);
+        break;
+      case DType::bf16:
+        with_flag(stochastic, [&](auto kStochastic) { f(Bf16Format{}, kStochastic, kTransform); });
+        break;
+      case DType::f16:
+        with_flag(stochastic, [&](auto kStochastic) { f(F16Format{}, kStochastic, kTransform); });
+        break;
     }
   });
 }
 
+// ---- conversions -----------------------------------------------------------------------------------
+
+template <typename F>
+void with_format(DType dtype, const F& f) {
+  switch (dtype) {
+    case DType::f32: f(F32Format{}); break;
+    case DType::bf16: f(Bf16Format{}); break;
+    case DType::f16: f(F16Format{}); break;
+  }
+}
+
+template <typename Format>
+void widen_loop(const typename Format::Storage* __restrict src, float* __restrict dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = Format::widen(src[i]);
+}
+
+template <typename Format>
+void narrow_loop(const float* __restrict src, typename Format::Storage* __restrict dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = Format::narrow(src[i]);
+}
+
+template <typename Format>
+void divide_loop(typename Format::Storage* __restrict x, int64_t n, float divisor) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = Format::narrow(Format::widen(x[i]) / divisor);
+}
+
+// ---- gradient statistics ------------------------------------------------------------------------------
+
+template <typename Format, bool kInfNorm>
+GradStats grad_stats_typed(const typename Format::Storage* x, int64_t n, float unscale, int threads) {
+  const StatsShape shape = stats_shape(n);
+  std::vector<double> chunk_values(static_cast<std::size_t>(shape.chunks));
+  uint32_t nonfinite = 0u;
+  const int team = team_size(n, threads);
+  (void)team;  // unused without OpenMP
+#pragma omp parallel for schedule(static) num_threads(team) reduction(| : nonfinite) if (team > 1)
+  for (int64_t c = 0; c < shape.chunks; ++c) {
+    const int64_t first = c * kStatsChunk;
+    const int64_t len = std::min<int64_t>(kStatsChunk, n - first);
+    chunk_values[static_cast<std::size_t>(c)] =
+        stats_chunk<Format, kInfNorm>(x + first, len, unscale, &nonfinite);
+  }
+  // The fixed order of kernels/grad_stats.hpp: chunk sums in order within each group, then
+  // the group sums in order.
+  double total = 0.0;
+  for (int64_t group = 0; group < shape.groups; ++group) {
+    const int64_t begin = group * shape.chunks_per_group;
+    const int64_t end = std::min(shape.chunks, begin + shape.chunks_per_group);
+    double sum = 0.0;
+    for (int64_t c = begin; c < end; ++c) {
+      sum = stats_combine<kInfNorm>(sum, chunk_values[static_cast<std::size_t>(c)]);
+    }
+    total = stats_combine<kInfNorm>(total, sum);
+  }
+  return GradStats{total, nonfinite != 0u};
+}
+
+}  // namespace
+
+void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
+                    const GradTransform& gt, const Rounding& r, int threads) {
+  if (n <= 0) return;
+  check_tensors(t, "sgd_update_cpu");
+  if (s.use_momentum) check_buffer(momentum_buf, "sgd_update_cpu", "momentum_buf");
+  const uint32_t step_key = rounding_step_key(r.seed, r.step);
+  with_update_mode(t.dtype, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
+    using Format = decltype(format);
+    parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
+      sgd_range<Format, decltype(stochastic)::value, decltype(transform)::value>(
+          t, momentum_buf, b, e, s, gt, r.first_index, step_key);
+    });
+  });
+}
+
+void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
+                     float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
+                     const GradTransform& gt, const Rounding& r, int threads) {
+  if (n <= 0) return;
+  check_tensors(t, "adam_update_cpu");
+  check_buffer(exp_avg, "adam_update_cpu", "exp_avg");
+  check_buffer(exp_avg_sq, "adam_update_cpu", "exp_avg_sq");
+  if (s.amsgrad) check_buffer(max_exp_avg_sq, "adam_update_cpu", "max_exp_avg_sq");
+  const uint32_t step_key = rounding_step_key(r.seed, r.step);
+  with_update_mode(t.dtype, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
+    using Format = decltype(format);
+    parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
+      adam_range<Format, decltype(stochastic)::value, decltype(transform)::value>(
+          t, exp_avg, exp_avg_sq, max_exp_avg_sq, b, e, s, gt, r.first_index, step_key);
+    });
+  });
+}
+
+void sgd_update_cpu(float* param, const float* grad, float* momentum_buf, int64_t n,
+                    const SgdScalars& s, int threads) {
+  const UpdateTensors t{param, grad, nullptr, DType::f32};
+  sgd_update_cpu(t, momentum_buf, n, s, GradTransform{}, Rounding{}, threads);
+}
+
 void adam_update_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                      float* max_exp_avg_sq, int64_t n, const AdamScalars& s, int threads) {
+  const UpdateTensors t{param, grad, nullptr, DType::f32};
+  adam_update_cpu(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, GradTransform{}, Rounding{}, threads);
+}
+
+GradStats grad_stats_cpu(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,
+                         int threads) {
+  if (n <= 0) return GradStats{};
+  check_dtype(dtype, "grad_stats_cpu");
+  check_buffer(grad, "grad_stats_cpu", "grad");
+  GradStats stats;
+  with_format(dtype, [&](auto format) {
+    using Format = decltype(format);
+    const auto* x = static_cast<const typename Format::Storage*>(grad);
+    stats = inf_norm ? grad_stats_typed<Format, true>(x, n, unscale, threads)
+                     : grad_stats_typed<Format, false>(x, n, unscale, threads);
+  });
+  return stats;
+}
+
+void widen_cpu(const void* src, DType dtype, float* dst, int64_t n, int threads) {
   if (n <= 0) return;
-  parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
-    if (s.maximize) {
-      if (s.decoupled) adam_dispatch_tail<true, true>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, b, e, s);
-      else adam_dispatch_tail<true, false>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, b, e, s);
-    } else {
-      if (s.decoupled) adam_dispatch_tail<false, true>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, b, e, s);
-      else adam_dispatch_tail<false, false>(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, b, e, s);
-    }
+  check_dtype(dtype, "widen_cpu");
+  check_buffer(src, "widen_cpu", "src");
+  check_buffer(dst, "widen_cpu", "dst");
+  with_format(dtype, [&](auto format) {
+    using Format = decltype(format);
+    const auto* in = static_cast<const typename Format::Storage*>(src);
+    parallel_ranges(n, threads, [&](int64_t b, int64_t e) { widen_loop<Format>(in + b, dst + b, e - b); });
+  });
+}
+
+void narrow_cpu(const float* src, void* dst, DType dtype, int64_t n, int threads) {
+  if (n <= 0) return;
+  check_dtype(dtype, "narrow_cpu");
+  check_buffer(src, "narrow_cpu", "src");
+  check_buffer(dst, "narrow_cpu", "dst");
+  with_format(dtype, [&](auto format) {
+    using Format = decltype(format);
+    auto* out = static_cast<typename Format::Storage*>(dst);
+    parallel_ranges(n, threads, [&](int64_t b, int64_t e) { narrow_loop<Format>(src + b, out + b, e - b); });
+  });
+}
+
+void divide_cpu(void* x, DType dtype, int64_t n, float divisor, int threads) {
+  if (n <= 0) return;
+  check_dtype(dtype, "divide_cpu");
+  check_buffer(x, "divide_cpu", "x");
+  with_format(dtype, [&](auto format) {
+    using Format = decltype(format);
+    auto* data = static_cast<typename Format::Storage*>(x);
+    parallel_ranges(n, threads, [&](int64_t b, int64_t e) { divide_loop<Format>(data + b, e - b, divisor); });
   });
 }
 

@@ -38,30 +38,42 @@ struct PlanItem {
   int width = 1;
 };
 
-// Plans [0,n) over `count` float streams starting at `addresses` (byte addresses of element 0).
-// The body is used only when every stream sits at the same offset from a 16-byte boundary;
-// the head then runs each stream up to that boundary. Streams misaligned relative to each
-// other (or not even 4-byte aligned) are planned as scalar items only: still one launch, and
-// the same rounding, since vector and scalar items apply the same rule to each element.
+// Plans [0,n) over `count` streams starting at `addresses` (byte addresses of element 0), whose
+// elements are `element_bytes[k]` bytes wide (4 for float, 2 for bf16/f16; null: all floats):
+// a vector item touches 4 elements of each stream, one 16-byte access for floats, one 8-byte
+// access for 16-bit elements. The body is used only when every stream is aligned to its element size and
+// sits at the same element offset from a vector boundary; the head then runs each stream up
+// to that boundary. Other streams (misaligned relative to each other, or not even aligned to
+// their element size) are planned as scalar items only: still one launch, and the same
+// rounding, since vector and scalar items apply the same rule to each element.
 SHARDOPT_HOST_DEVICE VectorPlan make_vector_plan(int64_t n, const std::uintptr_t* addresses,
-                                                 int count) {
+                                                 const int* element_bytes, int count) {
   VectorPlan plan;
   if (n <= 0) return plan;
   plan.n = n;
-  const std::uintptr_t misalignment = count > 0 ? addresses[0] % kVectorBytes : 0;
-  bool vectorizable = misalignment % sizeof(float) == 0;
-  for (int k = 1; k < count; ++k) {
-    vectorizable = vectorizable && addresses[k] % kVectorBytes == misalignment;
+  bool vectorizable = true;
+  std::uintptr_t phase = 0;  // element offset from the previous vector boundary, shared by all
+  for (int k = 0; k < count; ++k) {
+    const std::uintptr_t size =
+        element_bytes ? static_cast<std::uintptr_t>(element_bytes[k]) : sizeof(float);
+    const std::uintptr_t stream_phase = addresses[k] / size % kVectorWidth;
+    vectorizable = vectorizable && addresses[k] % size == 0 && (k == 0 || stream_phase == phase);
+    if (k == 0) phase = stream_phase;
   }
   if (!vectorizable) {
     plan.head = n;
     return plan;
   }
-  const int64_t to_boundary =
-      static_cast<int64_t>((kVectorBytes - misalignment) % kVectorBytes / sizeof(float));
+  const int64_t to_boundary = static_cast<int64_t>((kVectorWidth - phase) % kVectorWidth);
   plan.head = to_boundary < n ? to_boundary : n;
   plan.vectors = (n - plan.head) / kVectorWidth;
   return plan;
+}
+
+// The same for `count` float streams.
+SHARDOPT_HOST_DEVICE VectorPlan make_vector_plan(int64_t n, const std::uintptr_t* addresses,
+                                                 int count) {
+  return make_vector_plan(n, addresses, nullptr, count);
 }
 
 // Item i of the plan, for 0 <= i < plan.items().

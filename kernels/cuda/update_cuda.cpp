@@ -3,10 +3,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/check.hpp"
 #include "cuda/cuda_launchers.hpp"
+#include "grad_stats.hpp"
 
 namespace shardopt {
 namespace kernels {
@@ -72,6 +74,84 @@ VectorPlan plan_single(const float* x, int64_t n) {
   return make_vector_plan(n, &address, 1);
 }
 
+// A device buffer of reduction_workspace_bytes(): the caller's, or one allocated and freed
+// in stream order around the launches.
+class Workspace {
+ public:
+  Workspace(void* given, bool needed, cudaStream_t stream, const char* what) : ptr_(given), stream_(stream) {
+    if (given == nullptr && needed) {
+      check_cuda(cudaMallocAsync(&ptr_, reduction_workspace_bytes(), stream), what);
+      owned_ = true;
+    }
+  }
+  ~Workspace() {
+    if (owned_) cudaFreeAsync(ptr_, stream_);  // after the kernels, whether or not they launched
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool owned_ = false;
+};
+
+void check_dtype(DType dtype, const char* op) {
+  SHARDOPT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+                 invalid_argument, "{}: unknown dtype {}", op, static_cast<int>(dtype));
+}
+
+// The checks every mixed update shares: the parameter and gradient exist, and a master exists
+// exactly when the parameter is 16-bit.
+void check_tensors(const UpdateTensors& t, int64_t n, const char* op) {
+  check_dtype(t.dtype, op);
+  check_span(t.param, n, op, "param");
+  check_span(t.grad, n, op, "grad");
+  if (t.dtype == DType::f32) {
+    SHARDOPT_CHECK(t.master == nullptr, invalid_argument,
+                   "{}: an f32 parameter is its own master, but `master` is not null", op);
+  } else {
+    SHARDOPT_CHECK(t.master != nullptr, invalid_argument,
+                   "{}: a {} parameter needs an fp32 master, but `master` is null", op,
+                   dtype_name(t.dtype));
+  }
+}
+
+MixedCommon mixed_common(const UpdateTensors& t, const GradTransform& gt, const Rounding& r) {
+  MixedCommon c;
+  c.param = t.param;
+  c.grad = t.grad;
+  c.master = t.master;
+  c.gt = gt;
+  c.transform = !is_identity(gt);
+  c.step_key = rounding_step_key(r.seed, r.step);
+  c.first_index = r.first_index;
+  return c;
+}
+
+VectorPlan plan_mixed(const MixedCommon& c, DType dtype, const float* const* states, int count,
+                      int64_t n) {
+  std::uintptr_t addresses[kMaxMixedStreams];
+  int sizes[kMaxMixedStreams];
+  const int streams = mixed_plan_streams(c, dtype, states, count, addresses, sizes);
+  return make_vector_plan(n, addresses, sizes, streams);
+}
+
+// The plan over one buffer of `dtype` elements, or a float buffer and a 16-bit one.
+VectorPlan plan_typed(int64_t n, const void* a, int a_bytes, const void* b = nullptr, int b_bytes = 0) {
+  const std::uintptr_t addresses[2] = {reinterpret_cast<std::uintptr_t>(a),
+                                       reinterpret_cast<std::uintptr_t>(b)};
+  const int sizes[2] = {a_bytes, b_bytes};
+  return make_vector_plan(n, addresses, sizes, b ? 2 : 1);
+}
+
+GridShape convert_grid(const VectorPlan& plan, ConvertKind kind, DType dtype, const char* what) {
+  int per_sm = 0;
+  const int status = convert_blocks_per_sm(kind, dtype, &per_sm);
+  return make_grid_shape(plan.items(), kUpdateThreads, one_wave_blocks(status, per_sm, what));
+}
+
 }  // namespace
 
 void sgd_update_cuda(float* param, const float* grad, float* momentum_buf, int64_t n,
@@ -117,8 +197,141 @@ void divide_cuda(float* x, int64_t n, float divisor, void* stream) {
              "divide_cuda: kernel launch");
 }
 
+void sgd_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
+                     const GradTransform& gt, const Rounding& r, void* stream) {
+  const char* op = "sgd_update_cuda";
+  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  if (n == 0) return;
+  check_tensors(t, n, op);
+  if (s.use_momentum) check_span(momentum_buf, n, op, "momentum_buf");
+  if (t.dtype == DType::f32 && is_identity(gt)) {
+    sgd_update_cuda(static_cast<float*>(t.param), static_cast<const float*>(t.grad), momentum_buf,
+                    n, s, stream);
+    return;
+  }
+  MixedSgdArgs args;
+  args.common = mixed_common(t, gt, r);
+  args.dtype = t.dtype;
+  args.stochastic = r.stochastic && t.dtype != DType::f32;
+  args.momentum_buf = s.use_momentum ? momentum_buf : nullptr;
+  args.s = s;
+  const float* states[] = {args.momentum_buf};
+  const VectorPlan plan = plan_mixed(args.common, t.dtype, states, 1, n);
+  int per_sm = 0;
+  const int status = mixed_sgd_blocks_per_sm(args, &per_sm);
+  const GridShape grid = make_grid_shape(
+      plan.items(), kUpdateThreads, one_wave_blocks(status, per_sm, "sgd_update_cuda: occupancy"));
+  check_cuda(static_cast<cudaError_t>(launch_mixed_sgd(args, plan, grid, stream)),
+             "sgd_update_cuda: kernel launch");
+}
+
+void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
+                      float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
+                      const GradTransform& gt, const Rounding& r, void* stream) {
+  const char* op = "adam_update_cuda";
+  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  if (n == 0) return;
+  check_tensors(t, n, op);
+  check_span(exp_avg, n, op, "exp_avg");
+  check_span(exp_avg_sq, n, op, "exp_avg_sq");
+  if (s.amsgrad) check_span(max_exp_avg_sq, n, op, "max_exp_avg_sq");
+  if (t.dtype == DType::f32 && is_identity(gt)) {
+    adam_update_cuda(static_cast<float*>(t.param), static_cast<const float*>(t.grad), exp_avg,
+                     exp_avg_sq, max_exp_avg_sq, n, s, stream);
+    return;
+  }
+  MixedAdamArgs args;
+  args.common = mixed_common(t, gt, r);
+  args.dtype = t.dtype;
+  args.stochastic = r.stochastic && t.dtype != DType::f32;
+  args.exp_avg = exp_avg;
+  args.exp_avg_sq = exp_avg_sq;
+  args.max_exp_avg_sq = s.amsgrad ? max_exp_avg_sq : nullptr;
+  args.s = s;
+  const float* states[] = {args.exp_avg, args.exp_avg_sq, args.max_exp_avg_sq};
+  const VectorPlan plan = plan_mixed(args.common, t.dtype, states, 3, n);
+  int per_sm = 0;
+  const int status = mixed_adam_blocks_per_sm(args, &per_sm);
+  const GridShape grid = make_grid_shape(
+      plan.items(), kUpdateThreads, one_wave_blocks(status, per_sm, "adam_update_cuda: occupancy"));
+  check_cuda(static_cast<cudaError_t>(launch_mixed_adam(args, plan, grid, stream)),
+             "adam_update_cuda: kernel launch");
+}
+
+void grad_stats_cuda(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,
+                     double* out, bool accumulate, void* workspace, void* stream) {
+  const char* op = "grad_stats_cuda";
+  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  SHARDOPT_CHECK(out != nullptr, invalid_argument, "{}: `out` is null", op);
+  check_dtype(dtype, op);
+  if (n > 0) check_span(grad, n, op, "grad");
+  const auto s = static_cast<cudaStream_t>(stream);
+  // The kernels need the workspace only when there are groups (n > 0).
+  const Workspace partials(workspace, n > 0, s, "grad_stats_cuda: cudaMallocAsync(workspace)");
+  check_cuda(static_cast<cudaError_t>(launch_grad_stats(grad, dtype, n, unscale, inf_norm,
+                                                        static_cast<double*>(partials.get()),
+                                                        out, accumulate, stream)),
+             "grad_stats_cuda: kernel launch");
+}
+
+void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* stream) {
+  const char* op = "widen_cuda";
+  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  check_dtype(dtype, op);
+  if (n == 0) return;
+  check_span(src, n, op, "src");
+  check_span(dst, n, op, "dst");
+  if (dtype == DType::f32) {
+    check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+                               cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+               "widen_cuda: cudaMemcpyAsync");
+    return;
+  }
+  const VectorPlan plan = plan_typed(n, src, static_cast<int>(dtype_size(dtype)), dst, sizeof(float));
+  const GridShape grid = convert_grid(plan, ConvertKind::widen, dtype, "widen_cuda: occupancy");
+  check_cuda(static_cast<cudaError_t>(launch_widen(src, dtype, dst, plan, grid, stream)),
+             "widen_cuda: kernel launch");
+}
+
+void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stream) {
+  const char* op = "narrow_cuda";
+  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  check_dtype(dtype, op);
+  if (n == 0) return;
+  check_span(src, n, op, "src");
+  check_span(dst, n, op, "dst");
+  if (dtype == DType::f32) {
+    check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+                               cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+               "narrow_cuda: cudaMemcpyAsync");
+    return;
+  }
+  const VectorPlan plan = plan_typed(n, src, sizeof(float), dst, static_cast<int>(dtype_size(dtype)));
+  const GridShape grid = convert_grid(plan, ConvertKind::narrow, dtype, "narrow_cuda: occupancy");
+  check_cuda(static_cast<cudaError_t>(launch_narrow(src, dst, dtype, plan, grid, stream)),
+             "narrow_cuda: kernel launch");
+}
+
+void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream) {
+  const char* op = "divide_cuda";
+  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  check_dtype(dtype, op);
+  if (n == 0) return;
+  if (dtype == DType::f32) {
+    divide_cuda(static_cast<float*>(x), n, divisor, stream);
+    return;
+  }
+  check_span(x, n, op, "x");
+  const VectorPlan plan = plan_typed(n, x, static_cast<int>(dtype_size(dtype)));
+  const GridShape grid = convert_grid(plan, ConvertKind::divide, dtype, "divide_cuda: occupancy");
+  check_cuda(static_cast<cudaError_t>(launch_divide_typed(x, dtype, divisor, plan, grid, stream)),
+             "divide_cuda: kernel launch");
+}
+
 std::size_t reduction_workspace_bytes() {
-  return static_cast<std::size_t>(kReduceMaxBlocks) * sizeof(float);
+  const std::size_t norm = static_cast<std::size_t>(kReduceMaxBlocks) * sizeof(float);
+  const std::size_t stats = static_cast<std::size_t>(kStatsMaxGroups) * 2 * sizeof(double);
+  return std::max(norm, stats);
 }
 
 void squared_norm_cuda(const float* x, int64_t n, float* out, bool accumulate, void* workspace,

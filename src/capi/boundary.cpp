@@ -91,6 +91,24 @@ void clear_last_error() noexcept {
   t_last_error_lost = false;
 }
 
+void check_struct_size(std::size_t given, const char* name, const char* type_name, const std::size_t* known,
+                       std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (given == known[i]) return;
+  }
+  const std::size_t current = known[count - 1];
+  const char* why = given < known[0]         ? "too small"
+                    : given > current        ? "larger than any version it knows"
+                                             : "not the size of any version it knows";
+  std::string earlier;
+  for (std::size_t i = 0; i + 1 < count; ++i) earlier += fmt::format("{}{}", i == 0 ? "" : ", ", known[i]);
+  fail(SHARDOPT_ERR_STRUCT_SIZE,
+       "{}->struct_size is {}, but {} is {} bytes in this library{}{}{} ({}); set it to sizeof({}), e.g. with "
+       "{}_init()",
+       name, given, type_name, current, earlier.empty() ? "" : ", which also accepts ",
+       earlier, earlier.empty() ? "" : " from earlier headers", why, type_name, type_name);
+}
+
 void register_handle(const void* handle, uint64_t magic) {
   HandleRegistry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -85,19 +87,86 @@ void check_not_null(const T* pointer, const char* name) {
   if (pointer == nullptr) fail(SHARDOPT_ERR_NULL_POINTER, "{} is NULL", name);
 }
 
-// Structs carry the size their caller was compiled with; only sizes this library knows are
-// read (today: exactly its own).
+// ---- struct_size ------------------------------------------------------------------------------
+//
+// Structs carry the size their caller was compiled with. Fields are only ever appended, so the
+// size of each earlier version of a struct names a prefix of today's layout; the library accepts
+// those sizes and then reads or writes only that prefix's fields (appended fields may even start
+// inside an earlier version's tail padding, as shardopt_optimizer_config.stage does, so a field
+// is present only when struct_size is at least a version that declares it, never merely when
+// offsetof + sizeof fits). Any other size is refused.
+//
+// The earlier versions, declared as their headers did (so their sizes follow the platform's
+// layout rules, as the caller's compiler applied them).
+namespace v1 {
+struct optimizer_config {  // through `threads`
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+};
+struct memory_report {  // through trainable_numel
+  size_t struct_size;
+  int64_t state_bytes;
+  int64_t param_buffer_bytes;
+  int64_t grad_buffer_bytes;
+  int64_t shard_numel;
+  int64_t trainable_numel;
+};
+}  // namespace v1
+
+// Each earlier version is a prefix of today's struct: same fields at the same offsets.
+#define SHARDOPT_CAPI_SAME_FIELD(v1_type, type, field) \
+  static_assert(offsetof(v1_type, field) == offsetof(type, field) && \
+                sizeof(v1_type::field) == sizeof(type::field), #type "." #field " moved")
+SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, struct_size);
+SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, algorithm);
+SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, partition);
+SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, storage);
+SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, shard_state);
+SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, bucket_bytes);
+SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, threads);
+SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, struct_size);
+SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, state_bytes);
+SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, param_buffer_bytes);
+SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, grad_buffer_bytes);
+SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, shard_numel);
+SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, trainable_numel);
+#undef SHARDOPT_CAPI_SAME_FIELD
+
+// Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
+template <typename Struct>
+struct KnownSizes {
+  static constexpr std::size_t values[] = {sizeof(Struct)};
+};
+template <>
+struct KnownSizes<shardopt_optimizer_config> {
+  static constexpr std::size_t values[] = {sizeof(v1::optimizer_config), sizeof(shardopt_optimizer_config)};
+};
+template <>
+struct KnownSizes<shardopt_memory_report> {
+  static constexpr std::size_t values[] = {sizeof(v1::memory_report), sizeof(shardopt_memory_report)};
+};
+
+// Whether the caller's struct (of an accepted size) has the fields appended after `Earlier`.
+template <typename Earlier, typename Struct>
+bool newer_than(const Struct* s) {
+  return s->struct_size > sizeof(Earlier);
+}
+
+// Refuses a size not in `known` (ascending; the last is sizeof the current struct).
+void check_struct_size(std::size_t given, const char* name, const char* type_name, const std::size_t* known,
+                       std::size_t count);
+
 template <typename Struct>
 void check_struct(const Struct* s, const char* name, const char* type_name) {
   check_not_null(s, name);
-  if (s->struct_size != sizeof(Struct)) {
-    fail(SHARDOPT_ERR_STRUCT_SIZE,
-         "{}->struct_size is {}, but {} is {} bytes in this library ({}); set it to sizeof({}), "
-         "e.g. with {}_init()",
-         name, s->struct_size, type_name, sizeof(Struct),
-         s->struct_size < sizeof(Struct) ? "too small" : "larger than any version it knows", type_name,
-         type_name);
-  }
+  using Known = KnownSizes<Struct>;
+  static_assert(Known::values[std::size(Known::values) - 1] == sizeof(Struct), "the current size comes last");
+  check_struct_size(s->struct_size, name, type_name, Known::values, std::size(Known::values));
 }
 
 // The handle registry: every live handle with its kind (its magic), so that checks never

@@ -1,4 +1,5 @@
-// src/capi/capi_optimizer.cpp — the C functions over ZeroOptimizer: collective create from param-group arrays, views, step, checkpoints.
+// src/capi/capi_optimizer.cpp — the C functions over ZeroOptimizer: collective create from param-group arrays, views, gradient reduction, clipping, loss scaling, step, checkpoints.
+#include <cmath>
 #include <cstring>
 #include <exception>
 
@@ -18,6 +19,61 @@ int raw_enum_value(const Enum& field) {
   int value = 0;
   std::memcpy(&value, &field, sizeof value);
   return value;
+}
+
+// shardopt_dtype and shardopt_device_kind are DType and Device::Kind, value for value.
+static_assert(SHARDOPT_DTYPE_F32 == static_cast<int>(DType::f32) && SHARDOPT_DTYPE_BF16 == static_cast<int>(DType::bf16) &&
+                  SHARDOPT_DTYPE_F16 == static_cast<int>(DType::f16),
+              "shardopt_dtype mirrors shardopt::DType");
+static_assert(SHARDOPT_DEVICE_CPU == static_cast<int>(Device::Kind::cpu) &&
+                  SHARDOPT_DEVICE_CUDA == static_cast<int>(Device::Kind::cuda),
+              "shardopt_device_kind mirrors shardopt::Device::Kind");
+
+// The fields appended to shardopt_optimizer_config after its first version. Checked here as well
+// as by ZeroOptimizer, so that a value refused on one rank fails the collective create on every
+// rank (see fail_collectively) instead of leaving the others in the registration check.
+void appended_config_from(const shardopt_optimizer_config* config, OptimizerConfig& result) {
+  if (config->stage != 1 && config->stage != 2) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->stage is {}; it must be 1 (ZeRO-1) or 2 (ZeRO-2)", config->stage);
+  }
+  if (config->stage == 2 && config->shard_state == 0) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT,
+         "config->stage is 2, which shards the gradients by the optimizer state's partition: it needs "
+         "config->shard_state = 1");
+  }
+  result.stage = config->stage;
+  result.stochastic_rounding = config->stochastic_rounding != 0;
+  result.rounding_seed = config->rounding_seed;
+  const shardopt_loss_scaling& ls = config->loss_scaling;
+  LossScaling& out = result.loss_scaling;
+  out.enabled = ls.enabled != 0;
+  if (!out.enabled) return;  // the other fields are ignored, as in the C++ API
+  if (!(std::isfinite(ls.init_scale) && ls.init_scale > 0)) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->loss_scaling.init_scale must be finite and > 0, got {}",
+         ls.init_scale);
+  }
+  if (!(std::isfinite(ls.growth_factor) && ls.growth_factor > 1.0)) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->loss_scaling.growth_factor must be finite and > 1, got {}",
+         ls.growth_factor);
+  }
+  if (!(std::isfinite(ls.backoff_factor) && ls.backoff_factor > 0 && ls.backoff_factor < 1.0)) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->loss_scaling.backoff_factor must be in (0, 1), got {}",
+         ls.backoff_factor);
+  }
+  if (ls.growth_interval <= 0) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->loss_scaling.growth_interval must be > 0, got {}",
+         ls.growth_interval);
+  }
+  if (!(std::isfinite(ls.min_scale) && ls.min_scale > 0 && ls.min_scale <= ls.init_scale)) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT,
+         "config->loss_scaling.min_scale must be finite, > 0 and <= init_scale ({}), got {}", ls.init_scale,
+         ls.min_scale);
+  }
+  out.init_scale = ls.init_scale;
+  out.growth_factor = ls.growth_factor;
+  out.backoff_factor = ls.backoff_factor;
+  out.growth_interval = ls.growth_interval;
+  out.min_scale = ls.min_scale;
 }
 
 OptimizerConfig config_from(const shardopt_optimizer_config* config) {
@@ -48,6 +104,9 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
   result.shard_state = config->shard_state != 0;
   result.bucket_bytes = config->bucket_bytes;
   result.cpu_threads = config->threads;
+  // The earlier header's struct ends at `threads`: the appended fields keep their defaults
+  // (their bytes, if any, are that struct's tail padding and are not read).
+  if (newer_than<v1::optimizer_config>(config)) appended_config_from(config, result);
   return result;
 }
 
@@ -362,8 +421,65 @@ shardopt_status shardopt_optimizer_reduce_gradients(shardopt_optimizer_t opt) {
   return guard("shardopt_optimizer_reduce_gradients", [&] { checked_optimizer(opt, "opt").opt->reduce_gradients(); });
 }
 
+shardopt_status shardopt_optimizer_reduce_gradient(shardopt_optimizer_t opt, int32_t id, const shardopt_tensor* grad) {
+  return guard("shardopt_optimizer_reduce_gradient", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    check_not_null(grad, "grad");
+    o.opt->reduce_gradient(id, tensor_from_raw(*grad, "grad"));
+  });
+}
+
+shardopt_status shardopt_optimizer_reduce_gradient_dlpack(shardopt_optimizer_t opt, int32_t id,
+                                                          DLManagedTensorVersioned* grad) {
+  return guard("shardopt_optimizer_reduce_gradient_dlpack", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    check_not_null(grad, "grad");
+    o.opt->reduce_gradient(id, shardopt::tensor_from_dlpack(*grad, "grad"));
+    // Copied before reduce_gradient returned: consumed, as a DLPack consumer does. Only on
+    // success; a refused tensor stays the caller's.
+    shardopt::DlpackOwner(grad).reset();
+  });
+}
+
+shardopt_status shardopt_optimizer_clip_grad_norm(shardopt_optimizer_t opt, double max_norm, double norm_type,
+                                                  double* out_norm) {
+  return guard("shardopt_optimizer_clip_grad_norm", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    // out_norm is optional: refusing a NULL on one rank alone would leave the others in the
+    // collective.
+    const double norm = o.opt->clip_grad_norm(max_norm, norm_type);
+    if (out_norm != nullptr) *out_norm = norm;
+  });
+}
+
+shardopt_status shardopt_optimizer_loss_scale(shardopt_optimizer_t opt, double* out) {
+  return guard("shardopt_optimizer_loss_scale", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    check_not_null(out, "out");
+    *out = o.opt->loss_scale();
+  });
+}
+
+shardopt_status shardopt_optimizer_set_loss_scale(shardopt_optimizer_t opt, double scale) {
+  return guard("shardopt_optimizer_set_loss_scale",
+               [&] { checked_optimizer(opt, "opt").opt->set_loss_scale(scale); });
+}
+
 shardopt_status shardopt_optimizer_step(shardopt_optimizer_t opt) {
   return guard("shardopt_optimizer_step", [&] { checked_optimizer(opt, "opt").opt->step(); });
+}
+
+shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_step_report* out) {
+  return guard("shardopt_optimizer_last_step", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    check_struct(out, "out", "shardopt_step_report");
+    const shardopt::StepReport& report = o.opt->last_step();
+    out->skipped = report.skipped ? 1 : 0;
+    out->loss_scale = report.loss_scale;
+    out->grad_norm = report.grad_norm;
+    out->clip_coef = report.clip_coef;
+    out->skipped_steps = report.skipped_steps;
+  });
 }
 
 shardopt_status shardopt_optimizer_cuda_stream(shardopt_optimizer_t opt, void** out) {
@@ -384,6 +500,12 @@ shardopt_status shardopt_optimizer_memory_report(shardopt_optimizer_t opt, shard
     out->grad_buffer_bytes = report.grad_buffer_bytes;
     out->shard_numel = report.shard_numel;
     out->trainable_numel = report.trainable_numel;
+    // An earlier header's struct ends here: writing on would overrun the caller's memory.
+    if (!newer_than<v1::memory_report>(out)) return;
+    out->master_bytes = report.master_bytes;
+    out->param_bytes = report.param_bytes;
+    out->grad_bytes = report.grad_bytes;
+    out->buffer_bytes = report.buffer_bytes;
   });
 }
 

@@ -5,16 +5,8 @@ namespace shardopt {
 namespace checkpoint {
 
 std::array<bool, optim::kStateKinds> state_kinds_for(Algorithm algorithm, const std::vector<Hyperparams>& groups) {
-  std::array<bool, optim::kStateKinds> needed{};
-  for (const Hyperparams& h : groups) {
-    if (algorithm == Algorithm::sgd) {
-      needed[optim::kMomentum] = needed[optim::kMomentum] || h.momentum != 0.0;
-    } else {
-      needed[optim::kExpAvg] = needed[optim::kExpAvgSq] = true;
-      needed[optim::kMaxExpAvgSq] = needed[optim::kMaxExpAvgSq] || h.amsgrad;
-    }
-  }
-  return needed;
+  // Checkpoints hold f32 optimizers only (require_host_state), which keep no master copies.
+  return optim::state_kinds_needed(algorithm, DType::f32, groups);
 }
 
 std::vector<std::string> state_kind_names(const std::array<bool, optim::kStateKinds>& kinds) {

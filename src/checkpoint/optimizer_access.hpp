@@ -33,5 +33,13 @@ void require_host_state(const ImplT& im, const char* what) {
                  device_name(im.device));
 }
 
+// The file format holds f32 tensors (F32 safetensors) and no master copies yet.
+template <typename ImplT>
+void require_f32_params(const ImplT& im, const char* what) {
+  SHARDOPT_CHECK(im.dtype == DType::f32, unsupported,
+                 "{}: checkpoints of {} parameters (with fp32 master copies) are not supported yet", what,
+                 dtype_name(im.dtype));
+}
+
 }  // namespace checkpoint
 }  // namespace shardopt

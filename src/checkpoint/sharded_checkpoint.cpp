@@ -173,6 +173,7 @@ void install(ImplT& im, PreparedLoad& prep) {
 void ZeroOptimizer::save(const std::string& dir) {
   Impl& im = *impl_;
   checkpoint::require_host_state(im, "save");
+  checkpoint::require_f32_params(im, "save");
   Communicator& comm = *im.comm;
   if (im.layout_dirty) im.rebuild_layout();
   const std::string what = fmt::format("save to '{}'", dir);
@@ -262,6 +263,7 @@ void ZeroOptimizer::save(const std::string& dir) {
 void ZeroOptimizer::load(const std::string& dir) {
   Impl& im = *impl_;
   checkpoint::require_host_state(im, "load");
+  checkpoint::require_f32_params(im, "load");
   if (im.layout_dirty) im.rebuild_layout();
   Outcome prepared;
   PreparedLoad prep;

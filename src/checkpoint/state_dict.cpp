@@ -129,7 +129,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& sd) {
     optim::validate_hyperparams(sd.param_groups[g].hyper, im.config.algorithm, static_cast<int>(g));
     hypers.push_back(sd.param_groups[g].hyper);
   }
-  const auto kinds = checkpoint::state_kinds_for(im.config.algorithm, hypers);
+  const auto kinds = optim::state_kinds_needed(im.config.algorithm, im.dtype, hypers);
   for (const auto& [id, s] : sd.state) {
     SHARDOPT_CHECK(id >= 0 && static_cast<std::size_t>(id) < im.params.size(), invalid_argument,
                    "load_state_dict: state for parameter #{} which does not exist", id);

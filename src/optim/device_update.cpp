@@ -12,6 +12,36 @@ namespace optim {
 
 #if SHARDOPT_HAVE_CUDA
 
+void sgd_update_device(const kernels::UpdateTensors& t, float* momentum_buf, int64_t n,
+                       const kernels::SgdScalars& s, const kernels::GradTransform& gt,
+                       const kernels::Rounding& r, void* stream) {
+  kernels::sgd_update_cuda(t, momentum_buf, n, s, gt, r, stream);
+}
+
+void adam_update_device(const kernels::UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
+                        float* max_exp_avg_sq, int64_t n, const kernels::AdamScalars& s,
+                        const kernels::GradTransform& gt, const kernels::Rounding& r,
+                        void* stream) {
+  kernels::adam_update_cuda(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, gt, r, stream);
+}
+
+void grad_stats_device(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,
+                       double* out, bool accumulate, void* workspace, void* stream) {
+  kernels::grad_stats_cuda(grad, dtype, n, unscale, inf_norm, out, accumulate, workspace, stream);
+}
+
+void widen_device(const void* src, DType dtype, float* dst, int64_t n, void* stream) {
+  kernels::widen_cuda(src, dtype, dst, n, stream);
+}
+
+void narrow_device(const float* src, void* dst, DType dtype, int64_t n, void* stream) {
+  kernels::narrow_cuda(src, dst, dtype, n, stream);
+}
+
+void divide_device(void* x, DType dtype, int64_t n, float divisor, void* stream) {
+  kernels::divide_cuda(x, dtype, n, divisor, stream);
+}
+
 void sgd_update_device(float* param, const float* grad, float* momentum_buf, int64_t n,
                        const kernels::SgdScalars& s, void* stream) {
   kernels::sgd_update_cuda(param, grad, momentum_buf, n, s, stream);
@@ -34,6 +64,22 @@ namespace {
   raise(ErrorCode::unsupported, "{}: this build has no CUDA support", what);
 }
 }  // namespace
+
+void sgd_update_device(const kernels::UpdateTensors&, float*, int64_t, const kernels::SgdScalars&,
+                       const kernels::GradTransform&, const kernels::Rounding&, void*) {
+  no_cuda("sgd_update_device");
+}
+void adam_update_device(const kernels::UpdateTensors&, float*, float*, float*, int64_t,
+                        const kernels::AdamScalars&, const kernels::GradTransform&,
+                        const kernels::Rounding&, void*) {
+  no_cuda("adam_update_device");
+}
+void grad_stats_device(const void*, DType, int64_t, float, bool, double*, bool, void*, void*) {
+  no_cuda("grad_stats_device");
+}
+void widen_device(const void*, DType, float*, int64_t, void*) { no_cuda("widen_device"); }
+void narrow_device(const float*, void*, DType, int64_t, void*) { no_cuda("narrow_device"); }
+void divide_device(void*, DType, int64_t, float, void*) { no_cuda("divide_device"); }
 
 void sgd_update_device(float*, const float*, float*, int64_t, const kernels::SgdScalars&, void*) {
   no_cuda("sgd_update_device");

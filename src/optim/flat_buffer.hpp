@@ -1,4 +1,4 @@
-// src/optim/flat_buffer.hpp — an owned, 64-byte-aligned, zero-filled float buffer in host memory or on a CUDA device.
+// src/optim/flat_buffer.hpp — an owned, 64-byte-aligned, zero-filled buffer of f32/bf16/f16 elements in host memory or on a CUDA device.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,8 @@ class FlatBuffer {
   explicit FlatBuffer(int64_t numel) { resize(numel); }
   // An empty buffer that resize() places on `device`. On a CUDA device the zero fill is
   // enqueued on `stream`, so work on that stream sees zeros without any device-wide sync.
-  FlatBuffer(Device device, void* stream) : device_(device), stream_(stream) {}
+  FlatBuffer(Device device, void* stream, DType dtype = DType::f32)
+      : device_(device), stream_(stream), dtype_(dtype) {}
 
   // Discards the contents; keeps the buffer's device. The memory is zeroed here, so its pages
   // are touched once at allocation rather than on first use inside a step.
@@ -40,7 +41,7 @@ class FlatBuffer {
     data_.reset();
     numel_ = 0;
     if (numel <= 0) return;
-    const std::size_t bytes = (static_cast<std::size_t>(numel) * sizeof(float) + 63) / 64 * 64;
+    const std::size_t bytes = (static_cast<std::size_t>(numel) * dtype_size(dtype_) + 63) / 64 * 64;
     if (device_.is_cuda()) {
       // cudaMalloc aligns to at least 256 bytes.
       void* p = device::cuda_allocate_zeroed(device_, bytes, stream_);
@@ -53,9 +54,16 @@ class FlatBuffer {
     }
     numel_ = numel;
   }
+  // The elements as floats: only for f32 buffers (state, masters); raw() for any dtype.
   float* data() const { return data_.get(); }
+  void* raw() const { return data_.get(); }
+  // Address of element `index`, whatever the dtype.
+  char* at(int64_t index) const {
+    return reinterpret_cast<char*>(data_.get()) + index * static_cast<int64_t>(dtype_size(dtype_));
+  }
   int64_t numel() const { return numel_; }
-  int64_t bytes() const { return numel_ * static_cast<int64_t>(sizeof(float)); }
+  int64_t bytes() const { return numel_ * static_cast<int64_t>(dtype_size(dtype_)); }
+  DType dtype() const { return dtype_; }
   bool empty() const { return numel_ == 0; }
   Device device() const { return device_; }
 
@@ -64,6 +72,7 @@ class FlatBuffer {
   std::unique_ptr<float, Free> data_;
   Device device_ = Device::cpu();
   void* stream_ = nullptr;
+  DType dtype_ = DType::f32;
   int64_t numel_ = 0;
 };
 

@@ -78,6 +78,23 @@ void HostStagedCommunicator::all_reduce(void* buffer, int64_t count, DType dtype
   to_host(buffer, staged, bytes);
 }
 
+void HostStagedCommunicator::reduce(const void* send, void* recv, int64_t count, DType dtype,
+                                    ReduceOp op, int root) {
+  const std::size_t bytes = byte_count(count, dtype, "reduce");
+  const device::ScopedDevice scope(device_);
+  // One staged buffer, reduced in place on the root: the inner communicator sees send == recv
+  // there, and non-roots only send.
+  char* staged = scratch(bytes);
+  to_device(staged, send, bytes);
+  inner_.reduce(staged, staged, count, dtype, op, root);
+  if (rank() == root) {
+    to_host(recv, staged, bytes);
+  } else {
+    // Nothing to copy back, but the collective must be done before the scratch is reused.
+    device::cuda_synchronize(stream_, device_, "host-staged collective");
+  }
+}
+
 std::unique_ptr<PendingCollective> HostStagedCommunicator::broadcast_async(void* buffer,
                                                                            int64_t count,
                                                                            DType dtype, int root) {
@@ -98,6 +115,22 @@ std::unique_ptr<PendingCollective> HostStagedCommunicator::all_reduce_async(void
                                                                             DType dtype,
                                                                             ReduceOp op) {
   all_reduce(buffer, count, dtype, op);
+  return std::make_unique<Completed>();
+}
+
+std::unique_ptr<PendingCollective> HostStagedCommunicator::reduce_scatter_async(const void* send,
+                                                                                void* recv,
+                                                                                int64_t count,
+                                                                                DType dtype,
+                                                                                ReduceOp op) {
+  reduce_scatter(send, recv, count, dtype, op);
+  return std::make_unique<Completed>();
+}
+
+std::unique_ptr<PendingCollective> HostStagedCommunicator::reduce_async(const void* send, void* recv,
+                                                                        int64_t count, DType dtype,
+                                                                        ReduceOp op, int root) {
+  reduce(send, recv, count, dtype, op, root);
   return std::make_unique<Completed>();
 }
 

@@ -31,6 +31,8 @@ class HostStagedCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
                       ReduceOp op) override;
   void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) override;
+  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+              int root) override;
   void barrier() override { inner_.barrier(); }
 
   // Staged collectives finish before they return; the handles only report that.
@@ -40,6 +42,11 @@ class HostStagedCommunicator final : public Communicator {
                                                       DType dtype) override;
   std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count, DType dtype,
                                                       ReduceOp op) override;
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv,
+                                                          int64_t count, DType dtype,
+                                                          ReduceOp op) override;
+  std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv, int64_t count,
+                                                  DType dtype, ReduceOp op, int root) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
 
  private:

@@ -27,8 +27,26 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
     : impl_(std::make_unique<Impl>()) {
   SHARDOPT_CHECK(comm != nullptr, invalid_argument, "ZeroOptimizer needs a communicator (got null)");
   SHARDOPT_CHECK(config.bucket_bytes > 0, invalid_argument, "bucket_bytes must be positive, got {}", config.bucket_bytes);
+  SHARDOPT_CHECK(config.stage == 1 || config.stage == 2, invalid_argument, "stage must be 1 or 2, got {}", config.stage);
+  SHARDOPT_CHECK(config.stage == 1 || config.shard_state, invalid_argument,
+                 "stage 2 shards gradients by the optimizer state's partition; it needs shard_state = true");
+  const LossScaling& ls = config.loss_scaling;
+  if (ls.enabled) {
+    SHARDOPT_CHECK(std::isfinite(ls.init_scale) && ls.init_scale > 0, invalid_argument,
+                   "loss_scaling.init_scale must be finite and > 0, got {}", ls.init_scale);
+    SHARDOPT_CHECK(std::isfinite(ls.growth_factor) && ls.growth_factor > 1.0, invalid_argument,
+                   "loss_scaling.growth_factor must be finite and > 1, got {}", ls.growth_factor);
+    SHARDOPT_CHECK(std::isfinite(ls.backoff_factor) && ls.backoff_factor > 0 && ls.backoff_factor < 1.0,
+                   invalid_argument, "loss_scaling.backoff_factor must be in (0, 1), got {}", ls.backoff_factor);
+    SHARDOPT_CHECK(ls.growth_interval > 0, invalid_argument, "loss_scaling.growth_interval must be > 0, got {}",
+                   ls.growth_interval);
+    SHARDOPT_CHECK(std::isfinite(ls.min_scale) && ls.min_scale > 0 && ls.min_scale <= ls.init_scale,
+                   invalid_argument, "loss_scaling.min_scale must be finite, > 0 and <= init_scale ({}), got {}",
+                   ls.init_scale, ls.min_scale);
+  }
   impl_->comm = std::move(comm);
   impl_->config = config;
+  impl_->scale = config.loss_scaling.enabled ? config.loss_scaling.init_scale : 1.0;
   impl_->attach_device_communicator();
   impl_->register_groups(groups, "ZeroOptimizer");
 }
@@ -82,33 +100,58 @@ int ZeroOptimizer::param_owner(ParamId id) const {
 
 TensorRef ZeroOptimizer::param_view(ParamId id) const {
   const ParamRecord& p = impl_->param(id);
-  return TensorRef{impl_->param_data(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
+  return TensorRef{impl_->param_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
 }
 
 TensorRef ZeroOptimizer::grad_view(ParamId id) const {
   const ParamRecord& p = impl_->param(id);
-  return TensorRef{impl_->grad_data(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
+  SHARDOPT_CHECK(!(impl_->stage2() && impl_->bucket_view()), invalid_argument,
+                 "grad_view('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients; hand "
+                 "each gradient with reduce_gradient() instead",
+                 p.name);
+  return TensorRef{impl_->grad_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
 }
 
 uint64_t ZeroOptimizer::layout_version() const { return impl_->layout_version; }
 
 void ZeroOptimizer::zero_grad() {
   const device::ScopedDevice scope(impl_->device);
+  // Stage 2 owns only the shard's averaged gradients (external buffers are the caller's too).
+  impl_->zero_bytes(impl_->shard_grads.raw(), static_cast<std::size_t>(impl_->shard_grads.bytes()));
+  if (impl_->stage2() && impl_->bucket_view()) return;
   if (impl_->on_device() && impl_->bucket_view()) {
     // One fill of the whole flat gradient buffer instead of a launch per parameter: it holds
     // exactly the parameters' gradients and zero padding.
-    impl_->zero_bytes(impl_->flat_grads.data(), static_cast<std::size_t>(impl_->flat_grads.bytes()));
+    impl_->zero_bytes(impl_->flat_grads.raw(), static_cast<std::size_t>(impl_->flat_grads.bytes()));
     return;
   }
   for (std::size_t i = 0; i < impl_->params.size(); ++i) {
     const int64_t n = impl_->params[i].numel;
-    if (n > 0) impl_->zero_bytes(impl_->grad_data(i), static_cast<std::size_t>(n) * sizeof(float));
+    if (n > 0) impl_->zero_bytes(impl_->grad_ptr(i), optim::span_bytes(n, impl_->dtype));
   }
 }
 
 void* ZeroOptimizer::cuda_stream() const { return impl_->stream; }
 
 void ZeroOptimizer::reduce_gradients() { impl_->reduce_gradients(); }
+void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) { impl_->reduce_gradient(id, grad); }
+
+double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) {
+  return impl_->clip_grad_norm(max_norm, norm_type);
+}
+
+double ZeroOptimizer::loss_scale() const { return impl_->scale; }
+
+void ZeroOptimizer::set_loss_scale(double scale) {
+  SHARDOPT_CHECK(impl_->config.loss_scaling.enabled, invalid_argument,
+                 "set_loss_scale: loss scaling is not enabled in this optimizer's config");
+  SHARDOPT_CHECK(std::isfinite(scale) && scale > 0, invalid_argument,
+                 "set_loss_scale: the scale must be finite and > 0, got {}", scale);
+  impl_->scale = scale;
+  impl_->growth_tracker = 0;
+}
+
+const StepReport& ZeroOptimizer::last_step() const { return impl_->report; }
 void ZeroOptimizer::step() { impl_->step(); }
 
 double ZeroOptimizer::step(const std::function<double()>& closure) {
@@ -120,9 +163,16 @@ double ZeroOptimizer::step(const std::function<double()>& closure) {
 
 MemoryReport ZeroOptimizer::memory_report() const {
   MemoryReport report;
-  for (const optim::FlatBuffer& s : impl_->state) report.state_bytes += s.bytes();
-  report.param_buffer_bytes = impl_->flat_params.bytes() + impl_->sync_staging.bytes();
-  report.grad_buffer_bytes = impl_->flat_grads.bytes() + impl_->grad_staging.bytes();
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    (k == optim::kMaster ? report.master_bytes : report.state_bytes) += impl_->state[k].bytes();
+  }
+  report.param_bytes = impl_->flat_params.bytes();
+  report.grad_bytes = impl_->flat_grads.bytes() + impl_->shard_grads.bytes();
+  int64_t bucket_bytes = 0;
+  for (const optim::FlatBuffer& b : impl_->bucket_staging) bucket_bytes += b.bytes();
+  report.buffer_bytes = impl_->sync_staging.bytes() + impl_->grad_staging.bytes() + bucket_bytes;
+  report.param_buffer_bytes = report.param_bytes + impl_->sync_staging.bytes();
+  report.grad_buffer_bytes = report.grad_bytes + impl_->grad_staging.bytes() + bucket_bytes;
   report.shard_numel = impl_->own_shard().numel;
   report.trainable_numel = impl_->layout.trainable_numel;
   return report;

@@ -1,8 +1,10 @@
 // src/optim/zero_optimizer_impl.hpp — ZeroOptimizer's internals, shared by the optim and checkpoint modules.
 //
-// The step pipeline (DESIGN.md): reduce_gradients() averages gradients; step() runs the fused
-// update over this rank's shard only, then syncs parameters (one all-gather for the flat
-// partition, one broadcast per rank shard for sorted_greedy). Every rank tracks every
+// The step pipeline (DESIGN.md): reduce_gradients() averages gradients (stage 1: all-reduce;
+// stage 2: reduce to each shard's owner); clip_grad_norm() and loss scaling reduce one or two
+// numbers per rank; step() runs the fused update (unscale, clip, rule, master write-back) over
+// this rank's shard only, then syncs parameters (one all-gather for the flat partition, one
+// broadcast per rank shard for sorted_greedy) in the parameters' dtype. Every rank tracks every
 // parameter's step count, so per-step scalars never need communication.
 #pragma once
 
@@ -10,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,9 +38,27 @@ namespace optim {
 // 16-byte vector access on devices.
 constexpr int64_t kShardAlignment = 16;
 
-enum StateKind : std::size_t { kExpAvg = 0, kExpAvgSq, kMaxExpAvgSq, kMomentum, kStateKinds };
+// Per-element f32 buffers over this rank's shard. kMaster: the fp32 master copy of bf16/f16
+// parameters (f32 parameters are their own master).
+enum StateKind : std::size_t { kExpAvg = 0, kExpAvgSq, kMaxExpAvgSq, kMomentum, kMaster, kStateKinds };
 inline constexpr const char* kStateNames[kStateKinds] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                  "momentum_buffer"};
+                                                         "momentum_buffer", "master"};
+
+// Which state kinds an optimizer of `algorithm` over `dtype` parameters with these groups keeps.
+inline std::array<bool, kStateKinds> state_kinds_needed(Algorithm algorithm, DType dtype,
+                                                        const std::vector<Hyperparams>& groups) {
+  std::array<bool, kStateKinds> needed{};
+  for (const Hyperparams& h : groups) {
+    if (algorithm == Algorithm::sgd) {
+      needed[kMomentum] = needed[kMomentum] || h.momentum != 0.0;
+    } else {
+      needed[kExpAvg] = needed[kExpAvgSq] = true;
+      needed[kMaxExpAvgSq] = needed[kMaxExpAvgSq] || h.amsgrad;
+    }
+  }
+  needed[kMaster] = dtype != DType::f32;
+  return needed;
+}
 
 struct ParamRecord {
   std::string name;
@@ -46,8 +67,9 @@ struct ParamRecord {
   Device device = Device::cpu();
   int32_t group = 0;
   bool trainable = true;
-  float* user_param = nullptr;  // external storage only
-  float* user_grad = nullptr;
+  void* user_param = nullptr;  // external storage only
+  void* user_grad = nullptr;
+  int64_t first_index = 0;  // position in the concatenation of all params in id order
   int64_t step = 0;
   bool has_momentum_buffer = false;  // torch creates it lazily, cloning d_p the first time
 };
@@ -58,8 +80,26 @@ struct UpdateRun {
   int32_t first_param = 0;  // its step count and group stand for the whole run
   int64_t shard_offset = 0;
   int64_t length = 0;
-  float* param = nullptr;
-  float* grad = nullptr;
+  char* param = nullptr;
+  char* grad = nullptr;
+  int64_t first_index = 0;  // ParamRecord::first_index of the first element: stochastic rounding's key
+};
+
+// Byte offset of element `index` of a `dtype` buffer.
+inline char* element(void* base, int64_t index, DType dtype) {
+  return static_cast<char*>(base) + index * static_cast<int64_t>(dtype_size(dtype));
+}
+inline std::size_t span_bytes(int64_t count, DType dtype) {
+  return static_cast<std::size_t>(count) * dtype_size(dtype);
+}
+
+// ZeRO-2: an open bucket of gradients being collected for a reduce to the owners.
+struct GradBucket {
+  int64_t begin = 0;                  // global position (layout order) of its first element
+  int64_t length = 0;
+  int64_t missing = 0;                // trainable elements not handed yet
+  int slot = -1;                      // staging buffer in use, -1 until the first hand-over
+  std::vector<std::unique_ptr<PendingCollective>> pending;  // its reduces, once issued
 };
 
 inline std::string describe(const ParamRecord& p) {
@@ -92,15 +132,39 @@ struct ZeroOptimizer::Impl {
   bool layout_dirty = false;
   uint64_t layout_version = 0;
 
-  std::array<optim::FlatBuffer, optim::kStateKinds> state;  // over this rank's shard
+  // The parameters' (and gradients') dtype, shared by all of them: fixed by the first one.
+  DType dtype = DType::f32;
+
+  std::array<optim::FlatBuffer, optim::kStateKinds> state;  // f32, over this rank's shard
 
   // Which state kinds exist: the same on every rank, even where a shard is empty.
-
   std::array<bool, optim::kStateKinds> state_in_use{};
+  // In `dtype`:
   optim::FlatBuffer flat_params;   // bucket view: trainable shards then frozen params
-  optim::FlatBuffer flat_grads;    // bucket view: same offsets as flat_params
+  optim::FlatBuffer flat_grads;    // bucket view, stage 1: same offsets as flat_params
   optim::FlatBuffer sync_staging;  // external: the rank-ordered shards, for the param sync
-  optim::FlatBuffer grad_staging;  // external: one bucket for reduce_gradients
+  optim::FlatBuffer grad_staging;  // external, stage 1: one bucket for reduce_gradients
+  optim::FlatBuffer shard_grads;   // stage 2: this rank's shard of the averaged gradients
+
+  // Stage 2's gradient round: buckets over the layout's positions, filled by reduce_gradient()
+  // (or from the caller's buffers), each reduced to its owners once complete.
+  std::vector<optim::GradBucket> grad_buckets;
+  std::vector<optim::FlatBuffer> bucket_staging;  // a pool: at most kBucketsInFlight + open ones
+  std::vector<bool> staging_busy;
+  std::vector<int> buckets_in_flight;  // issued, not yet waited for, oldest first
+  std::vector<bool> handed;            // per param, this round
+  int64_t handed_count = 0;
+  static constexpr std::size_t kBucketsInFlight = 2;
+
+  // Loss scaling (GradScaler's state) and the clipping armed for the next step.
+  double scale = 1.0;
+  int64_t growth_tracker = 0;
+  float pending_clip = 1.f;
+  double pending_norm = -1.0;
+  bool nonfinite_known = false;  // clip_grad_norm() already checked the gradients
+  bool nonfinite = false;
+  StepReport report;
+  optim::FlatBuffer stats_scratch;  // on a device: two doubles of gradient statistics
   std::vector<int64_t> view_offset;  // bucket view: each param's place in flat_params
   std::vector<optim::UpdateRun> runs;
   // consolidate_state_dict(to)'s result, on rank `to` only (src/checkpoint).
@@ -114,8 +178,10 @@ struct ZeroOptimizer::Impl {
   bool sharded() const { return config.shard_state && world() > 1; }
   const partition::RankShard& own_shard() const { return layout.shards[static_cast<std::size_t>(rank())]; }
   int64_t bucket_elements() const {
-    return std::max<int64_t>(optim::kShardAlignment, config.bucket_bytes / static_cast<int64_t>(sizeof(float)));
+    return std::max<int64_t>(optim::kShardAlignment, config.bucket_bytes / static_cast<int64_t>(dtype_size(dtype)));
   }
+  bool stage2() const { return config.stage == 2; }
+  bool low_precision() const { return dtype != DType::f32; }
 
   partition::Strategy strategy() const {
     if (!config.shard_state) return partition::Strategy::replicated;
@@ -153,18 +219,43 @@ struct ZeroOptimizer::Impl {
     host_staging = std::make_unique<optim::HostStagedCommunicator>(*comm, device, stream);
   }
 
-  // The device all parameters must share, and what fixed it (for messages).
+  // The device and dtype all parameters must share, and what fixed them (for messages).
   struct DeviceChoice {
     bool fixed = false;
     Device device = Device::cpu();
     std::string source;
+    bool dtype_fixed = false;
+    DType dtype = DType::f32;
+    std::string dtype_source;
   };
   DeviceChoice current_device_choice() const {
+    DeviceChoice choice;
     if (comm->device().is_cuda()) {
-      return {true, comm->device(), fmt::format("the {} communicator", comm->backend_name())};
+      choice = {true, comm->device(), fmt::format("the {} communicator", comm->backend_name()), false, DType::f32, ""};
+    } else if (!params.empty()) {
+      choice = {true, device, fmt::format("parameter '{}'", params.front().name), false, DType::f32, ""};
     }
-    if (!params.empty()) return {true, device, fmt::format("parameter '{}'", params.front().name)};
-    return {};
+    if (!params.empty()) {
+      choice.dtype_fixed = true;
+      choice.dtype = dtype;
+      choice.dtype_source = fmt::format("parameter '{}'", params.front().name);
+    }
+    return choice;
+  }
+
+  // One flat buffer per optimizer: every parameter has the first one's dtype.
+  static void check_param_dtype(const std::string& label, DType d, DeviceChoice& choice) {
+    SHARDOPT_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16, invalid_argument,
+                   "parameter {} has an unknown dtype ({})", label, static_cast<int>(d));
+    if (!choice.dtype_fixed) {
+      choice.dtype_fixed = true;
+      choice.dtype = d;
+      choice.dtype_source = "parameter " + label;
+    }
+    SHARDOPT_CHECK(d == choice.dtype, unsupported,
+                   "parameter {} is {}, but {} is {}: all parameters of an optimizer share one dtype "
+                   "(use one optimizer per dtype)",
+                   label, dtype_name(d), choice.dtype_source, dtype_name(choice.dtype));
   }
 
   void check_param_device(const std::string& label, Device d, DeviceChoice& choice) const {
@@ -176,7 +267,9 @@ struct ZeroOptimizer::Impl {
       const std::string unusable = device::unusable_reason(d);
       SHARDOPT_CHECK(unusable.empty(), cuda, "parameter {} is on {}, but rank {} cannot use it: {}",
                      label, device_name(d), rank(), unusable);
-      choice = DeviceChoice{true, d, "parameter " + label};
+      choice.fixed = true;
+      choice.device = d;
+      choice.source = "parameter " + label;
     }
     SHARDOPT_CHECK(d == choice.device, unsupported,
                    "parameter {} is on {}, but {} is on {}: all parameters of an optimizer must "
@@ -203,8 +296,8 @@ struct ZeroOptimizer::Impl {
     host_driven_device_comm = world() > 1;
   }
 
-  optim::FlatBuffer new_buffer(int64_t numel) const {
-    optim::FlatBuffer buffer(device, stream);
+  optim::FlatBuffer new_buffer(int64_t numel, DType element_type = DType::f32) const {
+    optim::FlatBuffer buffer(device, stream, element_type);
     buffer.resize(numel);
     return buffer;
   }
@@ -234,8 +327,8 @@ struct ZeroOptimizer::Impl {
     if (host_driven_device_comm) device::cuda_synchronize(stream, device, "before an MPI collective on device buffers");
   }
   ReduceOp gradient_average_op() const { return host_driven_device_comm ? ReduceOp::sum : ReduceOp::avg; }
-  void finish_gradient_average(float* data, int64_t count) const {
-    if (host_driven_device_comm && count > 0) optim::divide_device(data, count, static_cast<float>(world()), stream);
+  void finish_gradient_average(void* data, int64_t count) const {
+    if (host_driven_device_comm && count > 0) optim::divide_device(data, dtype, count, static_cast<float>(world()), stream);
   }
 
   // ---- registration ---------------------------------------------------------------------
@@ -252,9 +345,7 @@ struct ZeroOptimizer::Impl {
       SHARDOPT_CHECK(!p.name.empty(), invalid_argument, "parameter {} in group {} has no name", label, group_index);
       SHARDOPT_CHECK(p.param.numel >= 0, invalid_argument, "parameter {} has negative numel {}", label, p.param.numel);
       check_param_device(label, p.param.device, choice);
-      SHARDOPT_CHECK(p.param.dtype == DType::f32, unsupported,
-                     "parameter {} has dtype {}: only f32 parameters are supported so far", label,
-                     dtype_name(p.param.dtype));
+      check_param_dtype(label, p.param.dtype, choice);
       if (bucket_view()) {
         SHARDOPT_CHECK(p.grad.data == nullptr, invalid_argument,
                        "parameter {}: in bucket_view storage shardopt owns the gradient; leave grad.data null and write into grad_view()",
@@ -287,8 +378,8 @@ struct ZeroOptimizer::Impl {
       r.dtype = p.param.dtype;
       r.device = p.param.device;
       r.group = group_index;
-      r.user_param = static_cast<float*>(p.param.data);
-      r.user_grad = static_cast<float*>(p.grad.data);
+      r.user_param = p.param.data;
+      r.user_grad = p.grad.data;
       records.push_back(std::move(r));
     }
     return records;
@@ -307,6 +398,7 @@ struct ZeroOptimizer::Impl {
         for (optim::ParamRecord& r : records) added.push_back(std::move(r));
       }
       adopt_device(choice.device);
+      if (choice.dtype_fixed) dtype = choice.dtype;
     } catch (const Error& e) {
       local_error = e.what();
       local_code = e.code();
@@ -318,22 +410,19 @@ struct ZeroOptimizer::Impl {
 
     const std::size_t first_new = params.size();
     for (const ParamGroupSpec& spec : specs) groups.push_back(spec.hyper);
-    for (optim::ParamRecord& r : added) params.push_back(std::move(r));
+    int64_t next_index = params.empty() ? 0 : params.back().first_index + params.back().numel;
+    for (optim::ParamRecord& r : added) {
+      r.first_index = next_index;
+      next_index += r.numel;
+      params.push_back(std::move(r));
+    }
     rebuild_layout(&specs, first_new);
   }
 
   // ---- layout and state -------------------------------------------------------------------
 
   std::array<bool, optim::kStateKinds> state_kinds_needed() const {
-    std::array<bool, optim::kStateKinds> needed{};
-    for (const Hyperparams& h : groups) {
-      if (config.algorithm == Algorithm::sgd) {
-        needed[optim::kMomentum] = needed[optim::kMomentum] || h.momentum != 0.0;
-      } else {
-        needed[optim::kExpAvg] = needed[optim::kExpAvgSq] = true;
-        needed[optim::kMaxExpAvgSq] = needed[optim::kMaxExpAvgSq] || h.amsgrad;
-      }
-    }
+    std::array<bool, optim::kStateKinds> needed = optim::state_kinds_needed(config.algorithm, dtype, groups);
     // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
     for (std::size_t k = 0; k < optim::kStateKinds; ++k) needed[k] = needed[k] || state_in_use[k];
     return needed;
@@ -395,6 +484,10 @@ struct ZeroOptimizer::Impl {
   // view) values across. `initial`/`first_new`: specs whose initial values seed new params.
   void rebuild_layout(const std::vector<ParamGroupSpec>* initial = nullptr, std::size_t first_new = 0) {
     const device::ScopedDevice scope(device);
+    SHARDOPT_CHECK(!stage2() || handed_count == 0, invalid_argument,
+                   "the layout cannot change while a stage-2 gradient round is open (call "
+                   "reduce_gradients() first)");
+    finish_buckets_in_flight();
     partition::Layout next = partition::make_layout(strategy(), param_infos(), world(), optim::kShardAlignment);
     const int64_t next_shard = next.shards[static_cast<std::size_t>(rank())].numel;
 
@@ -414,17 +507,18 @@ struct ZeroOptimizer::Impl {
         next_offset[i] = params[i].trainable ? next.param_offset[i] : tail;
         if (!params[i].trainable) tail += params[i].numel;
       }
-      optim::FlatBuffer next_params = new_buffer(tail);
-      optim::FlatBuffer next_grads = new_buffer(tail);
+      optim::FlatBuffer next_params = new_buffer(tail, dtype);
+      // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient().
+      optim::FlatBuffer next_grads = new_buffer(stage2() ? 0 : tail, dtype);
       for (std::size_t i = 0; i < params.size(); ++i) {
-        const auto bytes = static_cast<std::size_t>(params[i].numel) * sizeof(float);
+        const std::size_t bytes = optim::span_bytes(params[i].numel, dtype);
         if (bytes == 0) continue;
         if (i < view_offset.size()) {
-          copy_bytes(next_params.data() + next_offset[i], flat_params.data() + view_offset[i], bytes);
-          copy_bytes(next_grads.data() + next_offset[i], flat_grads.data() + view_offset[i], bytes);
+          copy_bytes(next_params.at(next_offset[i]), flat_params.at(view_offset[i]), bytes);
+          if (!stage2()) copy_bytes(next_grads.at(next_offset[i]), flat_grads.at(view_offset[i]), bytes);
         } else if (initial != nullptr) {
           const void* source = initial_value(*initial, i - first_new);
-          if (source != nullptr) copy_bytes(next_params.data() + next_offset[i], source, bytes);
+          if (source != nullptr) copy_bytes(next_params.at(next_offset[i]), source, bytes);
         }
       }
       // The caller may reuse its initial-value buffers as soon as registration returns.
@@ -433,16 +527,22 @@ struct ZeroOptimizer::Impl {
       flat_grads = std::move(next_grads);
       view_offset = std::move(next_offset);
     } else {
-      sync_staging = new_buffer(sharded() ? next.buffer_numel : 0);
-      int64_t trainable = next.trainable_numel;
-      grad_staging = new_buffer(world() > 1 ? std::min(trainable, bucket_elements()) : 0);
+      sync_staging = new_buffer(sharded() ? next.buffer_numel : 0, dtype);
+      const int64_t trainable = next.trainable_numel;
+      grad_staging = new_buffer(world() > 1 && !stage2() ? std::min(trainable, bucket_elements()) : 0, dtype);
     }
+    shard_grads = new_buffer(stage2() ? next_shard : 0, dtype);
+    bucket_staging.clear();
+    staging_busy.clear();
+    grad_buckets.clear();
+    handed.assign(params.size(), false);
     state = std::move(next_state);
     layout = std::move(next);
     has_layout = true;
     layout_dirty = false;
     ++layout_version;
     build_runs();
+    init_masters();
   }
 
   static const void* initial_value(const std::vector<ParamGroupSpec>& specs, std::size_t index) {
@@ -453,12 +553,16 @@ struct ZeroOptimizer::Impl {
     return nullptr;
   }
 
-  float* param_data(std::size_t i) const {
-    return bucket_view() ? flat_params.data() + view_offset[i] : params[i].user_param;
+  // Where param i's values and gradient live (in `dtype`); null gradient in stage-2 bucket view.
+  void* param_ptr(std::size_t i) const {
+    return bucket_view() ? static_cast<void*>(flat_params.at(view_offset[i])) : params[i].user_param;
   }
-  float* grad_data(std::size_t i) const {
-    return bucket_view() ? flat_grads.data() + view_offset[i] : params[i].user_grad;
+  void* grad_ptr(std::size_t i) const {
+    if (!bucket_view()) return params[i].user_grad;
+    return stage2() ? nullptr : static_cast<void*>(flat_grads.at(view_offset[i]));
   }
+  // As floats, for the checkpoint module (which handles f32 optimizers only).
+  float* param_data(std::size_t i) const { return static_cast<float*>(param_ptr(i)); }
 
   void build_runs() {
     runs.clear();
@@ -466,27 +570,47 @@ struct ZeroOptimizer::Impl {
     for (const partition::Segment& s : shard.segments) {
       if (s.length == 0) continue;
       const optim::ParamRecord& p = params[static_cast<std::size_t>(s.param)];
-      float* param_ptr = param_data(static_cast<std::size_t>(s.param)) + s.param_offset;
-      float* grad_ptr = grad_data(static_cast<std::size_t>(s.param)) + s.param_offset;
+      char* param_at = optim::element(param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dtype);
+      char* grad_at = stage2() ? shard_grads.at(s.shard_offset)
+                               : optim::element(grad_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dtype);
+      const int64_t index = p.first_index + s.param_offset;
       if (!runs.empty()) {
         optim::UpdateRun& last = runs.back();
         const optim::ParamRecord& q = params[static_cast<std::size_t>(last.first_param)];
+        const std::size_t run_bytes = optim::span_bytes(last.length, dtype);
         const bool contiguous = last.shard_offset + last.length == s.shard_offset &&
-                                last.param + last.length == param_ptr && last.grad + last.length == grad_ptr;
+                                last.param + run_bytes == param_at && last.grad + run_bytes == grad_at &&
+                                last.first_index + last.length == index;
         if (contiguous && q.group == p.group && q.step == p.step && q.has_momentum_buffer == p.has_momentum_buffer) {
           last.length += s.length;
           continue;
         }
       }
-      runs.push_back(optim::UpdateRun{s.param, s.shard_offset, s.length, param_ptr, grad_ptr});
+      runs.push_back(optim::UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index});
+    }
+  }
+
+  // bf16/f16: the master copy of params that have not stepped yet (new, or thawed) starts as
+  // their current value; params that have keep the master carried over by migrate_state.
+  void init_masters() {
+    if (!low_precision()) return;
+    float* master = state[optim::kMaster].data();
+    for (const optim::UpdateRun& run : runs) {
+      if (params[static_cast<std::size_t>(run.first_param)].step != 0) continue;
+      if (on_device()) {
+        optim::widen_device(run.param, dtype, master + run.shard_offset, run.length, stream);
+      } else {
+        kernels::widen_cpu(run.param, dtype, master + run.shard_offset, run.length, config.cpu_threads);
+      }
     }
   }
 
   // ---- the step ---------------------------------------------------------------------------
 
   // Every rank validates its hyperparameters; one tiny all-reduce makes all ranks fail
-  // together when any rank's are invalid, instead of leaving the others in the sync.
-  void agree_on_hyperparams() {
+  // together when any rank's are invalid, instead of leaving the others in the sync. The same
+  // all-reduce carries loss scaling's inf/NaN flag: whether any rank's gradients hold one.
+  bool agree_on_hyperparams(bool local_nonfinite) {
     std::string local_error;
     for (std::size_t g = 0; g < groups.size() && local_error.empty(); ++g) {
       try {
@@ -495,40 +619,127 @@ struct ZeroOptimizer::Impl {
         local_error = e.what();
       }
     }
-    float failed_rank = local_error.empty() ? 0.f : static_cast<float>(rank() + 1);
-    if (world() > 1) host_comm().all_reduce(&failed_rank, 1, DType::f32, ReduceOp::max);
+    float votes[2] = {local_error.empty() ? 0.f : static_cast<float>(rank() + 1), local_nonfinite ? 1.f : 0.f};
+    if (world() > 1) host_comm().all_reduce(votes, 2, DType::f32, ReduceOp::max);
     if (!local_error.empty()) throw Error(ErrorCode::invalid_argument, local_error);
-    SHARDOPT_CHECK(failed_rank == 0.f, invalid_argument,
+    SHARDOPT_CHECK(votes[0] == 0.f, invalid_argument,
                    "step refused: rank {} has invalid hyperparameters (its error names them)",
-                   static_cast<int>(failed_rank) - 1);
+                   static_cast<int>(votes[0]) - 1);
+    return votes[1] != 0.f;
+  }
+
+  // What the update multiplies each gradient by first: 1/scale in float, as GradScaler's
+  // inv_scale = scale.double().reciprocal().float().
+  float unscale_factor() const {
+    return config.loss_scaling.enabled ? static_cast<float>(1.0 / scale) : 1.f;
+  }
+
+  // This rank's share of the gradient statistics: over its shard's (averaged) gradients.
+  kernels::GradStats local_grad_stats(bool inf_norm) {
+    kernels::GradStats total;
+    if (on_device()) {
+      if (stats_scratch.empty()) stats_scratch = new_buffer(4);  // two doubles, kept across steps
+      bool first = true;
+      for (const optim::UpdateRun& run : runs) {
+        optim::grad_stats_device(run.grad, dtype, run.length, unscale_factor(), inf_norm,
+                                 reinterpret_cast<double*>(stats_scratch.data()), !first, nullptr, stream);
+        first = false;
+      }
+      if (first) return total;
+      double host[2] = {0.0, 0.0};
+      device::cuda_copy(host, stats_scratch.data(), sizeof(host), stream, device);
+      device::cuda_synchronize(stream, device, "gradient statistics");
+      total.value = host[0];
+      total.nonfinite = host[1] != 0.0;
+      return total;
+    }
+    for (const optim::UpdateRun& run : runs) {
+      const kernels::GradStats part =
+          kernels::grad_stats_cpu(run.grad, dtype, run.length, unscale_factor(), inf_norm, config.cpu_threads);
+      total.value = inf_norm ? std::max(total.value, part.value) : total.value + part.value;
+      total.nonfinite = total.nonfinite || part.nonfinite;
+    }
+    return total;
+  }
+
+  // Collective: the total norm over every rank's shard. Each rank's partial (a double) is
+  // all-gathered and combined in rank order, so every rank computes the same bits.
+  double clip_grad_norm(double max_norm, double norm_type) {
+    const device::ScopedDevice scope(device);
+    SHARDOPT_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, invalid_argument,
+                   "clip_grad_norm: max_norm must be a finite number >= 0, got {}", max_norm);
+    const bool inf_norm = std::isinf(norm_type) && norm_type > 0;
+    SHARDOPT_CHECK(inf_norm || norm_type == 2.0, invalid_argument,
+                   "clip_grad_norm: norm_type {} is not supported (2 or inf)", norm_type);
+    if (layout_dirty) rebuild_layout();
+    finish_open_round_check("clip_grad_norm");
+    const kernels::GradStats mine = local_grad_stats(inf_norm);
+    // {value, nonfinite} per rank, moved as raw float-sized words.
+    // Replicated state: every rank's runs cover every gradient, so its own value is the total.
+    const int parts = sharded() ? world() : 1;
+    double record[2] = {mine.value, mine.nonfinite ? 1.0 : 0.0};
+    std::vector<double> all(static_cast<std::size_t>(2 * parts));
+    if (parts > 1) {
+      host_comm().all_gather(record, all.data(), 4, DType::f32);
+    } else {
+      all.assign(record, record + 2);
+    }
+    double combined = 0.0;
+    bool any_nonfinite = false;
+    for (int r = 0; r < parts; ++r) {
+      const double v = all[static_cast<std::size_t>(2 * r)];
+      combined = inf_norm ? std::max(combined, v) : combined + v;
+      any_nonfinite = any_nonfinite || all[static_cast<std::size_t>(2 * r + 1)] != 0.0;
+    }
+    // torch returns the norm as a float32 tensor and derives the factor in float32:
+    // max_norm * reciprocal(norm + 1e-6), clamped at 1.
+    float norm = static_cast<float>(inf_norm ? combined : std::sqrt(combined));
+    if (any_nonfinite) norm = std::numeric_limits<float>::quiet_NaN();
+    const float coef = (1.f / (norm + 1e-6f)) * static_cast<float>(max_norm);
+    pending_clip = coef < 1.f ? coef : (std::isnan(coef) ? coef : 1.f);
+    pending_norm = norm;
+    nonfinite_known = true;
+    nonfinite = any_nonfinite;
+    return norm;
   }
 
   void update_shard() {
     const int threads = config.cpu_threads;
+    const kernels::GradTransform transform{unscale_factor(), pending_clip};
     for (const optim::UpdateRun& run : runs) {
       const optim::ParamRecord& p = params[static_cast<std::size_t>(run.first_param)];
       const Hyperparams& h = groups[static_cast<std::size_t>(p.group)];
-      float* exp_avg = state[optim::kExpAvg].data() + run.shard_offset;
+      auto at = [&](std::size_t kind) {
+        return state[kind].empty() ? nullptr : state[kind].data() + run.shard_offset;
+      };
+      kernels::UpdateTensors tensors;
+      tensors.param = run.param;
+      tensors.grad = run.grad;
+      tensors.master = low_precision() ? at(optim::kMaster) : nullptr;
+      tensors.dtype = dtype;
+      kernels::Rounding rounding;
+      rounding.stochastic = config.stochastic_rounding;
+      rounding.seed = config.rounding_seed;
+      rounding.step = static_cast<uint64_t>(p.step + 1);
+      rounding.first_index = static_cast<uint64_t>(run.first_index);
       if (config.algorithm == Algorithm::sgd) {
         const kernels::SgdScalars s = kernels::make_sgd_scalars(
             h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, h.maximize, !p.has_momentum_buffer);
-        float* momentum = state[optim::kMomentum].empty() ? nullptr : state[optim::kMomentum].data() + run.shard_offset;
         if (on_device()) {
-          optim::sgd_update_device(run.param, run.grad, momentum, run.length, s, stream);
+          optim::sgd_update_device(tensors, at(optim::kMomentum), run.length, s, transform, rounding, stream);
         } else {
-          kernels::sgd_update_cpu(run.param, run.grad, momentum, run.length, s, threads);
+          kernels::sgd_update_cpu(tensors, at(optim::kMomentum), run.length, s, transform, rounding, threads);
         }
       } else {
         const kernels::AdamScalars s = kernels::make_adam_scalars(
             h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, config.algorithm == Algorithm::adamw,
             h.amsgrad, h.maximize, p.step + 1);
-        float* max_sq = state[optim::kMaxExpAvgSq].empty() ? nullptr : state[optim::kMaxExpAvgSq].data() + run.shard_offset;
         if (on_device()) {
-          optim::adam_update_device(run.param, run.grad, exp_avg, state[optim::kExpAvgSq].data() + run.shard_offset,
-                                    max_sq, run.length, s, stream);
+          optim::adam_update_device(tensors, at(optim::kExpAvg), at(optim::kExpAvgSq), at(optim::kMaxExpAvgSq),
+                                    run.length, s, transform, rounding, stream);
         } else {
-          kernels::adam_update_cpu(run.param, run.grad, exp_avg, state[optim::kExpAvgSq].data() + run.shard_offset,
-                                   max_sq, run.length, s, threads);
+          kernels::adam_update_cpu(tensors, at(optim::kExpAvg), at(optim::kExpAvgSq), at(optim::kMaxExpAvgSq),
+                                   run.length, s, transform, rounding, threads);
         }
       }
     }
@@ -546,21 +757,21 @@ struct ZeroOptimizer::Impl {
   // Copies pieces between the caller's param buffers and the rank-ordered staging buffer.
   void copy_segments(const partition::RankShard& shard, bool to_staging) {
     for (const partition::Segment& s : shard.segments) {
-      float* user = params[static_cast<std::size_t>(s.param)].user_param + s.param_offset;
-      float* staged = sync_staging.data() + shard.offset + s.shard_offset;
-      const auto bytes = static_cast<std::size_t>(s.length) * sizeof(float);
+      char* user = optim::element(params[static_cast<std::size_t>(s.param)].user_param, s.param_offset, dtype);
+      char* staged = sync_staging.at(shard.offset + s.shard_offset);
+      const std::size_t bytes = optim::span_bytes(s.length, dtype);
       if (bytes == 0) continue;
       if (to_staging) copy_bytes(staged, user, bytes);
       else copy_bytes(user, staged, bytes);
     }
   }
 
-  // Every rank's shard of `buffer` (laid out as layout.shards) reaches every rank.
-  void exchange_shards(float* buffer) {
+  // Every rank's shard of `buffer` (laid out as layout.shards, in `dtype`) reaches every rank.
+  void exchange_shards(void* buffer) {
     settle_before_collective();
     if (layout.strategy == partition::Strategy::flat) {
       const int64_t count = own_shard().numel;
-      if (count > 0) comm->all_gather(buffer + own_shard().offset, buffer, count, DType::f32);
+      if (count > 0) comm->all_gather(optim::element(buffer, own_shard().offset, dtype), buffer, count, dtype);
       return;
     }
     // sorted_greedy: shards differ in size; one broadcast per rank, cut into buckets, all in
@@ -570,7 +781,7 @@ struct ZeroOptimizer::Impl {
       const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
       for (int64_t begin = 0; begin < shard.numel; begin += bucket_elements()) {
         const int64_t count = std::min(bucket_elements(), shard.numel - begin);
-        pending.push_back(comm->broadcast_async(buffer + shard.offset + begin, count, DType::f32, r));
+        pending.push_back(comm->broadcast_async(optim::element(buffer, shard.offset + begin, dtype), count, dtype, r));
       }
     }
     for (auto& p : pending) p->wait();
@@ -579,11 +790,11 @@ struct ZeroOptimizer::Impl {
   void sync_params() {
     if (!sharded()) return;
     if (bucket_view()) {
-      exchange_shards(flat_params.data());
+      exchange_shards(flat_params.raw());
       return;
     }
     copy_segments(own_shard(), /*to_staging=*/true);
-    exchange_shards(sync_staging.data());
+    exchange_shards(sync_staging.raw());
     for (int r = 0; r < world(); ++r) {
       if (r != rank()) copy_segments(layout.shards[static_cast<std::size_t>(r)], /*to_staging=*/false);
     }
@@ -592,15 +803,45 @@ struct ZeroOptimizer::Impl {
   void step() {
     const device::ScopedDevice scope(device);
     if (layout_dirty) rebuild_layout();
-    agree_on_hyperparams();
-    ensure_state_kinds();
-    update_shard();
-    sync_params();
+    finish_open_round_check("step");
+    // Loss scaling needs to know, on every rank alike, whether any gradient is inf or NaN.
+    bool local_nonfinite = false;
+    const bool scaling = config.loss_scaling.enabled;
+    if (scaling && !nonfinite_known) local_nonfinite = local_grad_stats(/*inf_norm=*/true).nonfinite;
+    if (nonfinite_known) local_nonfinite = nonfinite;  // already agreed by clip_grad_norm()
+    const bool found_nonfinite = agree_on_hyperparams(local_nonfinite);
+
+    report.loss_scale = scaling ? scale : 1.0;
+    report.grad_norm = pending_norm;
+    report.clip_coef = pending_clip;
+    report.skipped = scaling && found_nonfinite;
+    if (report.skipped) {
+      // GradScaler.update(): back off and restart the growth count; nothing else changes.
+      scale = std::max(scale * config.loss_scaling.backoff_factor, config.loss_scaling.min_scale);
+      growth_tracker = 0;
+      ++report.skipped_steps;
+    } else {
+      ensure_state_kinds();
+      update_shard();
+      sync_params();
+      if (scaling && ++growth_tracker == config.loss_scaling.growth_interval) {
+        scale *= config.loss_scaling.growth_factor;
+        growth_tracker = 0;
+      }
+    }
+    pending_clip = 1.f;
+    pending_norm = -1.0;
+    nonfinite_known = false;
+    nonfinite = false;
   }
 
   void reduce_gradients() {
     const device::ScopedDevice scope(device);
     if (layout_dirty) rebuild_layout();
+    if (stage2()) {
+      reduce_gradients_to_owners();
+      return;
+    }
     if (world() == 1) return;
     if (bucket_view()) {
       settle_before_collective();
@@ -613,25 +854,25 @@ struct ZeroOptimizer::Impl {
         const int64_t count = std::min(bucket_elements(), total - begin);
         auto& slot = in_flight[index % 2];
         if (slot) slot->wait();
-        slot = comm->all_reduce_async(flat_grads.data() + begin, count, DType::f32, gradient_average_op());
+        slot = comm->all_reduce_async(flat_grads.at(begin), count, dtype, gradient_average_op());
       }
       for (auto& slot : in_flight) {
         if (slot) slot->wait();
       }
-      finish_gradient_average(flat_grads.data(), total);
+      finish_gradient_average(flat_grads.raw(), total);
       return;
     }
     // External: pack trainable grads into one staging bucket at a time, average, unpack.
-    struct Piece { float* grad; int64_t offset; int64_t length; };
+    struct Piece { char* grad; int64_t offset; int64_t length; };
     std::vector<Piece> pieces;
     int64_t filled = 0;
     auto flush = [&] {
       if (filled == 0) return;
       settle_before_collective();
-      comm->all_reduce(grad_staging.data(), filled, DType::f32, gradient_average_op());
-      finish_gradient_average(grad_staging.data(), filled);
+      comm->all_reduce(grad_staging.raw(), filled, dtype, gradient_average_op());
+      finish_gradient_average(grad_staging.raw(), filled);
       for (const Piece& piece : pieces) {
-        copy_bytes(piece.grad, grad_staging.data() + piece.offset, static_cast<std::size_t>(piece.length) * sizeof(float));
+        copy_bytes(piece.grad, grad_staging.at(piece.offset), optim::span_bytes(piece.length, dtype));
       }
       pieces.clear();
       filled = 0;
@@ -640,14 +881,172 @@ struct ZeroOptimizer::Impl {
       if (!p.trainable) continue;
       for (int64_t done = 0; done < p.numel;) {
         const int64_t length = std::min(p.numel - done, grad_staging.numel() - filled);
-        copy_bytes(grad_staging.data() + filled, p.user_grad + done, static_cast<std::size_t>(length) * sizeof(float));
-        pieces.push_back(Piece{p.user_grad + done, filled, length});
+        char* source = optim::element(p.user_grad, done, dtype);
+        copy_bytes(grad_staging.at(filled), source, optim::span_bytes(length, dtype));
+        pieces.push_back(Piece{source, filled, length});
         filled += length;
         done += length;
         if (filled == grad_staging.numel()) flush();
       }
     }
     flush();
+  }
+
+  // ---- stage 2: gradients reduced to their owners ----------------------------------------
+  //
+  // The layout's positions [0, buffer_numel) are cut into buckets of bucket_elements(). Each
+  // rank's shard is a contiguous range of positions, so a bucket meets each rank's shard in at
+  // most one contiguous piece: reducing the bucket is one rooted reduce per owner, straight
+  // into that owner's shard_grads. Together they move what one reduce-scatter would.
+
+  void open_round_if_needed() {
+    if (!grad_buckets.empty()) return;
+    const int64_t total = layout.buffer_numel;
+    for (int64_t begin = 0; begin < total; begin += bucket_elements()) {
+      optim::GradBucket bucket;
+      bucket.begin = begin;
+      bucket.length = std::min(bucket_elements(), total - begin);
+      grad_buckets.push_back(std::move(bucket));
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].trainable) continue;
+      const int64_t lo = layout.param_offset[i];
+      const int64_t hi = lo + params[i].numel;
+      for (int64_t pos = lo; pos < hi;) {
+        optim::GradBucket& b = grad_buckets[static_cast<std::size_t>(pos / bucket_elements())];
+        const int64_t end = std::min(hi, b.begin + b.length);
+        b.missing += end - pos;
+        pos = end;
+      }
+    }
+  }
+
+  int acquire_staging() {
+    for (std::size_t i = 0; i < staging_busy.size(); ++i) {
+      if (!staging_busy[i]) {
+        staging_busy[i] = true;
+        return static_cast<int>(i);
+      }
+    }
+    // A model smaller than one bucket needs no more staging than itself.
+    bucket_staging.push_back(new_buffer(std::min(bucket_elements(), layout.buffer_numel), dtype));
+    staging_busy.push_back(true);
+    return static_cast<int>(bucket_staging.size()) - 1;
+  }
+
+  void wait_bucket(int index) {
+    optim::GradBucket& b = grad_buckets[static_cast<std::size_t>(index)];
+    for (auto& p : b.pending) p->wait();
+    b.pending.clear();
+    if (b.slot >= 0) staging_busy[static_cast<std::size_t>(b.slot)] = false;
+    b.slot = -1;
+  }
+
+  void finish_buckets_in_flight() {
+    for (int index : buckets_in_flight) wait_bucket(index);
+    buckets_in_flight.clear();
+  }
+
+  // All of a bucket's gradients are in: reduce each owner's piece to it.
+  void issue_bucket(int index) {
+    optim::GradBucket& b = grad_buckets[static_cast<std::size_t>(index)];
+    if (buckets_in_flight.size() >= kBucketsInFlight) {
+      wait_bucket(buckets_in_flight.front());
+      buckets_in_flight.erase(buckets_in_flight.begin());
+    }
+    settle_before_collective();
+    const optim::FlatBuffer& staged = bucket_staging[static_cast<std::size_t>(b.slot)];
+    for (int r = 0; r < world(); ++r) {
+      const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
+      const int64_t lo = std::max(b.begin, shard.offset);
+      const int64_t hi = std::min(b.begin + b.length, shard.offset + shard.numel);
+      if (lo >= hi) continue;
+      void* into = r == rank() ? static_cast<void*>(shard_grads.at(lo - shard.offset)) : nullptr;
+      if (world() == 1) {
+        copy_bytes(into, staged.at(lo - b.begin), optim::span_bytes(hi - lo, dtype));
+        continue;
+      }
+      b.pending.push_back(comm->reduce_async(staged.at(lo - b.begin), into, hi - lo, dtype, gradient_average_op(), r));
+    }
+    buckets_in_flight.push_back(index);
+  }
+
+  // Copies `grad` (param i's local gradient, in `dtype`) into its buckets, issuing each bucket
+  // it completes.
+  void hand_gradient(std::size_t i, const void* grad) {
+    open_round_if_needed();
+    const optim::ParamRecord& p = params[i];
+    const int64_t lo = layout.param_offset[i];
+    for (int64_t pos = lo; pos < lo + p.numel;) {
+      const int index = static_cast<int>(pos / bucket_elements());
+      optim::GradBucket& b = grad_buckets[static_cast<std::size_t>(index)];
+      const int64_t end = std::min(lo + p.numel, b.begin + b.length);
+      if (b.slot < 0) b.slot = acquire_staging();
+      copy_bytes(bucket_staging[static_cast<std::size_t>(b.slot)].at(pos - b.begin),
+                 optim::element(const_cast<void*>(grad), pos - lo, dtype), optim::span_bytes(end - pos, dtype));
+      b.missing -= end - pos;
+      pos = end;
+      if (b.missing == 0) issue_bucket(index);
+    }
+    handed[i] = true;
+    ++handed_count;
+  }
+
+  void reduce_gradient(ParamId id, const TensorRef& grad) {
+    const device::ScopedDevice scope(device);
+    SHARDOPT_CHECK(stage2(), invalid_argument,
+                   "reduce_gradient() is for stage 2; at stage 1 write gradients into grad_view() and "
+                   "call reduce_gradients()");
+    SHARDOPT_CHECK(bucket_view(), invalid_argument,
+                   "reduce_gradient(): with external storage, reduce_gradients() reads the registered "
+                   "gradient buffers itself");
+    if (layout_dirty) rebuild_layout();
+    const optim::ParamRecord& p = param(id);
+    SHARDOPT_CHECK(p.trainable, invalid_argument, "reduce_gradient(): parameter '{}' is frozen", p.name);
+    SHARDOPT_CHECK(grad.numel == p.numel && grad.dtype == p.dtype && grad.device == p.device, invalid_argument,
+                   "reduce_gradient(): the gradient of '{}' has {} elements ({}, {}); the parameter has {} ({}, {})",
+                   p.name, grad.numel, dtype_name(grad.dtype), device_name(grad.device), p.numel,
+                   dtype_name(p.dtype), device_name(p.device));
+    SHARDOPT_CHECK(grad.data != nullptr || p.numel == 0, invalid_argument,
+                   "reduce_gradient(): the gradient of '{}' has no data", p.name);
+    SHARDOPT_CHECK(!handed[static_cast<std::size_t>(id)], invalid_argument,
+                   "reduce_gradient(): the gradient of '{}' was already handed in this round (call "
+                   "reduce_gradients() to finish a round before the next)",
+                   p.name);
+    hand_gradient(static_cast<std::size_t>(id), grad.data);
+    // The caller may reuse its buffer once this returns.
+    if (on_device()) device::cuda_synchronize(stream, device, "reduce_gradient");
+  }
+
+  // Stage 2's reduce_gradients(): external storage hands every registered gradient; then every
+  // bucket must be complete, and the round is finished.
+  void reduce_gradients_to_owners() {
+    if (!bucket_view()) {
+      SHARDOPT_CHECK(handed_count == 0, internal, "stage-2 round already open with external storage");
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (params[i].trainable) hand_gradient(i, params[i].user_grad);
+      }
+    }
+    open_round_if_needed();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      SHARDOPT_CHECK(!params[i].trainable || handed[i], invalid_argument,
+                     "reduce_gradients(): rank {} never handed the gradient of '{}' with reduce_gradient() "
+                     "in this round (every trainable parameter must be handed, on every rank, in the same order)",
+                     rank(), params[i].name);
+    }
+    finish_buckets_in_flight();
+    finish_gradient_average(shard_grads.raw(), shard_grads.numel());
+    grad_buckets.clear();
+    handed.assign(params.size(), false);
+    handed_count = 0;
+  }
+
+  // A stage-2 round that has begun must be finished by reduce_gradients() first.
+  void finish_open_round_check(const char* what) const {
+    SHARDOPT_CHECK(handed_count == 0, invalid_argument,
+                   "{}: gradients were handed with reduce_gradient() but the round was not finished "
+                   "with reduce_gradients()",
+                   what);
   }
 };
 

@@ -35,6 +35,9 @@ endif()
 # And what users need is there.
 foreach(required
     "shardopt_optimizer_create" "shardopt_last_error" "shardopt_tensor_from_dlpack" "shardopt_version"
+    "shardopt_optimizer_reduce_gradient" "shardopt_optimizer_reduce_gradient_dlpack"
+    "shardopt_optimizer_clip_grad_norm" "shardopt_optimizer_loss_scale" "shardopt_optimizer_set_loss_scale"
+    "shardopt_optimizer_last_step"
     "shardopt::mpi_world(" "shardopt::ZeroOptimizer::step()" "typeinfo for shardopt::Error"
     "typeinfo for shardopt::Communicator" "shardopt::error_code_name(")
   string(FIND "${listing}" "${required}" at)

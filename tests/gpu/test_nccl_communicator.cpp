@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,98 @@ TEST_CASE("nccl all_reduce and reduce_scatter: sum, avg, max; f32 and bf16", "[n
   }
 }
 
+TEST_CASE("nccl reduce to every root, in place and out of place: sum, avg, max; f32 and bf16", "[nccl]") {
+  Communicator& c = *nccl();
+  const int size = c.size();
+  for (int64_t count : kCounts) {
+    const std::size_t n = static_cast<std::size_t>(count);
+    std::vector<float> mine(n), sum(n), max(n);
+    std::vector<uint16_t> mine16(n), sum16(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      mine[i] = value_of(c.rank(), static_cast<int64_t>(i));
+      for (int r = 0; r < size; ++r) sum[i] += value_of(r, static_cast<int64_t>(i));
+      max[i] = value_of(size - 1, static_cast<int64_t>(i));
+      mine16[i] = to_bf16(mine[i]);
+      sum16[i] = to_bf16(sum[i]);
+    }
+    const std::vector<float> sentinel(n, -1.f);
+    for (int root = 0; root < size; ++root) {
+      CAPTURE(count, root);
+      const bool is_root = c.rank() == root;
+      // Out of place: only the root's recv changes, and send never does.
+      DeviceArray<float> send(n), recv(n);
+      send.upload(mine);
+      recv.upload(sentinel);
+      c.reduce(send.data(), recv.data(), count, DType::f32, ReduceOp::sum, root);
+      REQUIRE(recv.download(0, n) == (is_root ? sum : sentinel));
+      REQUIRE(send.download(0, n) == mine);
+
+      // In place on the root.
+      DeviceArray<float> buffer(n);
+      buffer.upload(mine);
+      c.reduce(buffer.data(), buffer.data(), count, DType::f32, ReduceOp::max, root);
+      REQUIRE(buffer.download(0, n) == (is_root ? max : mine));
+
+      // avg, nonblocking.
+      recv.upload(sentinel);
+      auto pending = c.reduce_async(send.data(), recv.data(), count, DType::f32, ReduceOp::avg, root);
+      pending->wait();
+      if (is_root) {
+        const std::vector<float> avg = recv.download(0, n);
+        for (std::size_t i = 0; i < n; ++i) {
+          REQUIRE(avg[i] == Approx(sum[i] / static_cast<float>(size)).epsilon(1e-6));
+        }
+      }
+
+      // bf16 sum in place (exact: small integers).
+      DeviceArray<uint16_t> buffer16(n);
+      buffer16.upload(mine16);
+      c.reduce(buffer16.data(), buffer16.data(), count, DType::bf16, ReduceOp::sum, root);
+      REQUIRE(buffer16.download(0, n) == (is_root ? sum16 : mine16));
+    }
+  }
+}
+
+TEST_CASE("nccl reduce_scatter_async, and several reduce_async in flight waited in any order", "[nccl]") {
+  Communicator& c = *nccl();
+  const int size = c.size();
+  const int64_t count = 4099;
+  const std::size_t n = static_cast<std::size_t>(count);
+  const std::size_t total = n * static_cast<std::size_t>(size);
+  std::vector<float> send_values(total), block_sum(n), block_max(n);
+  for (std::size_t i = 0; i < total; ++i) send_values[i] = value_of(c.rank(), static_cast<int64_t>(i));
+  for (std::size_t i = 0; i < n; ++i) {
+    const int64_t global = static_cast<int64_t>(static_cast<std::size_t>(c.rank()) * n + i);
+    for (int r = 0; r < size; ++r) block_sum[i] += value_of(r, global);
+    block_max[i] = value_of(size - 1, global);
+  }
+  DeviceArray<float> send(total), recv_sum(n), recv_max(n);
+  send.upload(send_values);
+  auto sum_pending = c.reduce_scatter_async(send.data(), recv_sum.data(), count, DType::f32, ReduceOp::sum);
+  auto max_pending = c.reduce_scatter_async(send.data(), recv_max.data(), count, DType::f32, ReduceOp::max);
+  max_pending->wait();
+  sum_pending->wait();
+  REQUIRE(recv_sum.download(0, n) == block_sum);
+  REQUIRE(recv_max.download(0, n) == block_max);
+
+  // One reduce per root, all in flight, waited in reverse.
+  std::vector<float> mine(n), sum(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    mine[i] = value_of(c.rank(), static_cast<int64_t>(i));
+    for (int r = 0; r < size; ++r) sum[i] += value_of(r, static_cast<int64_t>(i));
+  }
+  DeviceArray<float> input(n);
+  input.upload(mine);
+  std::vector<std::unique_ptr<DeviceArray<float>>> outputs;
+  std::vector<std::unique_ptr<shardopt::PendingCollective>> pending;
+  for (int root = 0; root < size; ++root) {
+    outputs.push_back(std::make_unique<DeviceArray<float>>(n));
+    pending.push_back(c.reduce_async(input.data(), outputs.back()->data(), count, DType::f32, ReduceOp::sum, root));
+  }
+  for (auto it = pending.rbegin(); it != pending.rend(); ++it) (*it)->wait();
+  REQUIRE(outputs[static_cast<std::size_t>(c.rank())]->download(0, n) == sum);
+}
+
 TEST_CASE("nccl async collectives complete on wait, in any order", "[nccl]") {
   Communicator& c = *nccl();
   const int64_t count = 1 << 16;
@@ -242,6 +335,15 @@ TEST_CASE("nccl rejects bad arguments with clear errors", "[nccl]") {
   REQUIRE(e.code() == ErrorCode::invalid_argument);
   e = error_of([&] { c.all_reduce(buffer.data(), -1, DType::f32, ReduceOp::sum); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
+  e = error_of([&] { c.reduce(buffer.data(), buffer.data(), 8, DType::f32, ReduceOp::sum, -1); });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("reduce: root -1 is not a rank"));
+  e = error_of([&] { c.reduce(host.data(), buffer.data(), 8, DType::f32, ReduceOp::sum, 0); });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("host memory"));
+  e = error_of([&] { c.reduce_scatter_async(buffer.data(), host.data(), 8, DType::f32, ReduceOp::sum); });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("host memory"));
   // The communicator is still usable after rejected calls.
   c.barrier();
 }

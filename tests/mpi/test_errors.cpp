@@ -37,13 +37,13 @@ TEST_CASE("an empty parameter list is refused", "[errors]") {
   REQUIRE_THAT(what2, Catch::Contains("param group 0 has an empty parameter list"));
 }
 
-TEST_CASE("unsupported dtypes and devices are refused by parameter name", "[errors]") {
+TEST_CASE("mixed dtypes and unsupported devices are refused by parameter name", "[errors]") {
   Buffers b;
   ParamGroupSpec g = b.group({{"w", 8}, {"half", 8}});
   g.params[1].param.dtype = DType::bf16;
   auto [code, what] = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {g}); });
   REQUIRE(code == ErrorCode::unsupported);
-  REQUIRE_THAT(what, Catch::Contains("parameter 'half' has dtype bf16"));
+  REQUIRE_THAT(what, Catch::Contains("parameter 'half' is bf16, but parameter 'w' is f32"));
   g.params[1].param.dtype = DType::f32;
   g.params[1].param.device = Device::cuda(0);
   std::tie(code, what) = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {g}); });

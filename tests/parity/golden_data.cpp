@@ -22,6 +22,7 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kFormat = "shardopt-golden-v1";
+constexpr const char* kClipFormat = "shardopt-golden-clip-v1";
 constexpr std::size_t kMaxReportedFailures = 8;
 
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
@@ -115,13 +116,13 @@ void set_hyper(shardopt::Hyperparams& h, const std::string& key, const json& val
   }
 }
 
-GoldenCase parse_case(const std::string& dir, const std::string& name) {
+// The fields every case has; `format` tells a plain case from a clip case.
+GoldenCase parse_case(const json& doc, const std::string& file, const std::string& name,
+                      const char* format) {
   GoldenCase c;
   c.name = name;
-  c.file = dir + "/golden_" + name + ".json";
-  const std::string& file = c.file;
-  const json doc = read_json(file);
-  if (field(doc, "format", file, "top level").get<std::string>() != kFormat) fail(file, "unknown format");
+  c.file = file;
+  if (field(doc, "format", file, "top level").get<std::string>() != format) fail(file, "unknown format");
   if (field(doc, "case", file, "top level").get<std::string>() != name) fail(file, "'case' does not match the file name");
   c.algorithm = parse_algorithm(field(doc, "optimizer", file, "top level").get<std::string>(), file);
   c.steps = field(doc, "steps", file, "top level").get<int>();
@@ -200,6 +201,78 @@ GoldenCase parse_case(const std::string& dir, const std::string& name) {
   return c;
 }
 
+GoldenCase parse_case(const std::string& dir, const std::string& name) {
+  const std::string file = dir + "/golden_" + name + ".json";
+  return parse_case(read_json(file), file, name, kFormat);
+}
+
+GoldenClipCase parse_clip_case(const std::string& dir, const std::string& name) {
+  const std::string file = dir + "/golden_" + name + ".json";
+  const json doc = read_json(file);
+  GoldenClipCase c;
+  c.golden = parse_case(doc, file, name, kClipFormat);
+  const int steps = c.golden.steps;
+  const json& clip = field(doc, "clip", file, "top level");
+  const json& norm_type = field(clip, "norm_type", file, "clip");
+  if (norm_type.is_string() && norm_type.get<std::string>() == "inf") {
+    c.norm_type = HUGE_VAL;
+  } else if (norm_type.is_number() && norm_type.get<double>() == 2.0) {
+    c.norm_type = 2.0;
+  } else {
+    fail(file, "clip.norm_type: expected 2.0 or \"inf\", got " + norm_type.dump());
+  }
+  auto per_step = [&](const json& object, const char* key, const std::string& where) -> const json& {
+    const json& values = field(object, key, file, where);
+    if (!values.is_array() || static_cast<int>(values.size()) != steps) {
+      fail(file, fmt::format("{}: expected {} values (null where clip_grad_norm_ was not called)", key, steps));
+    }
+    return values;
+  };
+  const json& max_norm = per_step(clip, "max_norm", "clip");
+  const json& total_norm = per_step(doc, "total_norm", "top level");
+  const json& clip_coef = per_step(doc, "clip_coef", "top level");
+  for (int k = 0; k < steps; ++k) {
+    const std::size_t i = static_cast<std::size_t>(k);
+    GoldenClipStep step;
+    step.called = !max_norm[i].is_null();
+    if (total_norm[i].is_null() != !step.called || clip_coef[i].is_null() != !step.called) {
+      fail(file, fmt::format("step {}: max_norm, total_norm and clip_coef must be null together", k + 1));
+    }
+    if (step.called) {
+      if (!max_norm[i].is_number() || !(max_norm[i].get<double>() > 0.0)) {
+        fail(file, fmt::format("clip.max_norm[{}]: expected a positive number", k));
+      }
+      step.max_norm = max_norm[i].get<double>();
+      step.total_norm = parse_hex_float(total_norm[i], file, fmt::format("total_norm[{}]", k));
+      step.clip_coef = parse_hex_float(clip_coef[i], file, fmt::format("clip_coef[{}]", k));
+    }
+    c.clip.push_back(step);
+  }
+  return c;
+}
+
+// Reads <dir>/<index_name> and parses every case it lists with `parse`.
+template <typename Parse>
+auto load_index(const std::string& dir, const char* index_name, const char* format, Parse parse)
+    -> std::vector<decltype(parse(dir, std::string()))> {
+  const std::string index_file = dir + "/" + index_name;
+  const json index = read_json(index_file);
+  const json& index_format = field(index, "format", index_file, "top level");
+  if (!index_format.is_string() || index_format.get<std::string>() != format) fail(index_file, "unknown format");
+  const json& names = field(index, "cases", index_file, "top level");
+  if (!names.is_array() || names.empty()) fail(index_file, "'cases' must list at least one case");
+  std::vector<decltype(parse(dir, std::string()))> cases;
+  for (const json& name : names) {
+    const std::string case_name = name.is_string() ? name.get<std::string>() : name.dump();
+    try {
+      cases.push_back(parse(dir, case_name));
+    } catch (const json::exception& e) {  // a field of the wrong JSON type
+      fail(dir + "/golden_" + case_name + ".json", e.what());
+    }
+  }
+  return cases;
+}
+
 }  // namespace
 
 std::string golden_dir() {
@@ -208,22 +281,12 @@ std::string golden_dir() {
 }
 
 std::vector<GoldenCase> load_golden_cases(const std::string& dir) {
-  const std::string index_file = dir + "/golden_index.json";
-  const json index = read_json(index_file);
-  const json& format = field(index, "format", index_file, "top level");
-  if (!format.is_string() || format.get<std::string>() != kFormat) fail(index_file, "unknown format");
-  const json& names = field(index, "cases", index_file, "top level");
-  if (!names.is_array() || names.empty()) fail(index_file, "'cases' must list at least one case");
-  std::vector<GoldenCase> cases;
-  for (const json& name : names) {
-    const std::string case_name = name.is_string() ? name.get<std::string>() : name.dump();
-    try {
-      cases.push_back(parse_case(dir, case_name));
-    } catch (const json::exception& e) {  // a field of the wrong JSON type
-      fail(dir + "/golden_" + case_name + ".json", e.what());
-    }
-  }
-  return cases;
+  return load_index(dir, "golden_index.json", kFormat,
+                    [](const std::string& d, const std::string& name) { return parse_case(d, name); });
+}
+
+std::vector<GoldenClipCase> load_golden_clip_cases(const std::string& dir) {
+  return load_index(dir, "golden_clip_index.json", kClipFormat, parse_clip_case);
 }
 
 void Comparison::add(const std::string& where, const float* actual, const std::vector<float>& expected) {

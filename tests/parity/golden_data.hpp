@@ -45,6 +45,23 @@ std::string golden_dir();
 // the field when anything is missing or malformed: a parity test must not pass on no data.
 std::vector<GoldenCase> load_golden_cases(const std::string& dir);
 
+// One step of a gradient-clipping case (golden_clip_*.json).
+struct GoldenClipStep {
+  bool called = false;     // false: torch did not call clip_grad_norm_ before this step
+  double max_norm = 0.0;
+  float total_norm = 0.f;  // the float32 tensor torch's clip_grad_norm_ returned
+  float clip_coef = 1.f;   // torch's clamp(max_norm / (total_norm + 1e-6), max=1), float32
+};
+
+struct GoldenClipCase {
+  GoldenCase golden;                 // grads are the gradients before clipping
+  double norm_type = 2.0;            // 2 or +infinity
+  std::vector<GoldenClipStep> clip;  // [step]
+};
+
+// Every case listed in <dir>/golden_clip_index.json, with the same checks as load_golden_cases.
+std::vector<GoldenClipCase> load_golden_clip_cases(const std::string& dir);
+
 // Accumulates one comparison against torch's values.
 struct Comparison {
   int64_t checked = 0;

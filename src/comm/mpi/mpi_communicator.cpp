@@ -4,14 +4,22 @@
 // so a dead or diverged peer turns into Error(timeout) naming the operation and rank instead
 // of an endless hang. The communicator works on a duplicate of the caller's MPI_Comm, with
 // MPI_ERRORS_RETURN so that MPI failures become Errors as well.
+//
+// Reductions: f32 uses MPI_SUM / MPI_MAX on MPI_FLOAT; bf16 and f16 travel as MPI_UINT16_T
+// with user-defined operations (comm/mpi/half_reduce.hpp). avg is always the sum followed by a
+// division by the world size on the host, in the one place (divide_by_size) that every
+// reducing collective uses, so that avg equals sum / size bit for bit whichever collective
+// produced the sum.
 #include <mpi.h>
 
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
 
+#include "comm/mpi/half_reduce.hpp"
 #include "core/check.hpp"
 #include "shardopt/communicator.hpp"
 
@@ -55,6 +63,99 @@ std::string mpi_error_string(int code) {
   MPI_Error_string(code, text, &length);
   return std::string(text, static_cast<std::size_t>(length));
 }
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "unknown";
+}
+
+// MPI's user function: inout[i] = Combine(in[i], inout[i]) over 16-bit words.
+template <uint16_t (*Combine)(uint16_t, uint16_t)>
+void combine_words(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = Combine(a[i], b[i]);
+}
+
+// The user-defined MPI_Ops for bf16/f16 sum and max, made once per process on first use and
+// freed at the start of MPI_Finalize (whoever calls it, shardopt or the application that lent
+// its communicator): MPI deletes MPI_COMM_SELF's attributes first thing in MPI_Finalize, and
+// the attribute set here frees the operations in its delete callback.
+class HalfOps {
+ public:
+  // Index: [dtype == f16][op == max].
+  static MPI_Op get(DType dtype, ReduceOp op) {
+    std::lock_guard<std::mutex> lock(mutex());
+    Table& t = table();
+    if (!t.made) make(t);
+    return t.ops[dtype == DType::f16 ? 1 : 0][op == ReduceOp::max ? 1 : 0];
+  }
+
+ private:
+  struct Table {
+    bool made = false;
+    MPI_Op ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+  };
+  // Never destroyed: MPI_Finalize may run from another static's destructor (MpiRuntime's).
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static Table& table() {
+    static auto* t = new Table();
+    return *t;
+  }
+
+  static void make(Table& t) {
+    MPI_User_function* const functions[2][2] = {
+        {&combine_words<comm::sum_words<comm::Bf16Words>>,
+         &combine_words<comm::max_words<comm::Bf16Words>>},
+        {&combine_words<comm::sum_words<comm::F16Words>>,
+         &combine_words<comm::max_words<comm::F16Words>>}};
+    for (int d = 0; d < 2; ++d) {
+      for (int o = 0; o < 2; ++o) {
+        const int code = MPI_Op_create(functions[d][o], /*commute=*/1, &t.ops[d][o]);
+        if (code != MPI_SUCCESS) {
+          free_ops(t);
+          raise(ErrorCode::comm, "MPI_Op_create for the bf16/f16 reductions failed: {}",
+                mpi_error_string(code));
+        }
+      }
+    }
+    int keyval = MPI_KEYVAL_INVALID;
+    int code = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &on_finalize, &keyval, nullptr);
+    if (code == MPI_SUCCESS) code = MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr);
+    if (code != MPI_SUCCESS) {
+      free_ops(t);
+      if (keyval != MPI_KEYVAL_INVALID) MPI_Comm_free_keyval(&keyval);
+      raise(ErrorCode::comm, "registering the bf16/f16 reductions for MPI_Finalize failed: {}",
+            mpi_error_string(code));
+    }
+    // MPI keeps the key value alive while the attribute uses it.
+    MPI_Comm_free_keyval(&keyval);
+    t.made = true;
+  }
+
+  static void free_ops(Table& t) {
+    for (auto& row : t.ops) {
+      for (MPI_Op& op : row) {
+        if (op != MPI_OP_NULL) MPI_Op_free(&op);
+        op = MPI_OP_NULL;
+      }
+    }
+    t.made = false;
+  }
+
+  static int on_finalize(MPI_Comm, int, void*, void*) {
+    std::lock_guard<std::mutex> lock(mutex());
+    free_ops(table());
+    return MPI_SUCCESS;
+  }
+};
 
 int checked_count(int64_t count, const char* op) {
   SHARDOPT_CHECK(count >= 0, invalid_argument, "{}: negative count {}", op, count);
@@ -110,14 +211,11 @@ class MpiCommunicator final : public Communicator {
   }
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
                       ReduceOp op) override {
-    const int n = checked_count(count, "reduce_scatter");
-    check_reducible(dtype, "reduce_scatter");
-    MPI_Request request;
-    check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), mpi_op(op), comm_, &request),
-          "MPI_Ireduce_scatter_block");
-    MpiPending pending(this, "reduce_scatter", request);
-    pending.wait();
-    if (op == ReduceOp::avg) divide_by_size(static_cast<float*>(recv), count);
+    reduce_scatter_async(send, recv, count, dtype, op)->wait();
+  }
+  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+              int root) override {
+    reduce_async(send, recv, count, dtype, op, root)->wait();
   }
   void barrier() override {
     MPI_Request request;
@@ -150,13 +248,48 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count, DType dtype,
                                                       ReduceOp op) override {
     const int n = checked_count(count, "all_reduce");
-    check_reducible(dtype, "all_reduce");
+    const MPI_Op reduction = mpi_op(dtype, op, "all_reduce");
     MPI_Request request;
-    check(MPI_Iallreduce(MPI_IN_PLACE, buffer, n, mpi_type(dtype), mpi_op(op), comm_, &request),
+    check(MPI_Iallreduce(MPI_IN_PLACE, buffer, n, mpi_type(dtype), reduction, comm_, &request),
           "MPI_Iallreduce");
     auto pending = std::make_unique<MpiPending>(this, "all_reduce", request);
     if (op == ReduceOp::avg) {
-      pending->finish = [this, buffer, count] { divide_by_size(static_cast<float*>(buffer), count); };
+      pending->finish = [this, buffer, count, dtype] { divide_by_size(buffer, count, dtype); };
+    }
+    return pending;
+  }
+
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv,
+                                                          int64_t count, DType dtype,
+                                                          ReduceOp op) override {
+    const int n = checked_count(count, "reduce_scatter");
+    const MPI_Op reduction = mpi_op(dtype, op, "reduce_scatter");
+    MPI_Request request;
+    check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype), reduction, comm_, &request),
+          "MPI_Ireduce_scatter_block");
+    auto pending = std::make_unique<MpiPending>(this, "reduce_scatter", request);
+    if (op == ReduceOp::avg) {
+      pending->finish = [this, recv, count, dtype] { divide_by_size(recv, count, dtype); };
+    }
+    return pending;
+  }
+
+  std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv, int64_t count,
+                                                  DType dtype, ReduceOp op, int root) override {
+    const int n = checked_count(count, "reduce");
+    SHARDOPT_CHECK(root >= 0 && root < size_, invalid_argument,
+                   "reduce: root {} is not a rank of this {}-rank communicator", root, size_);
+    const MPI_Op reduction = mpi_op(dtype, op, "reduce");
+    const bool is_root = rank_ == root;
+    // MPI_IN_PLACE is the root's alone; elsewhere recv is not significant.
+    const void* source = (is_root && send == recv) ? MPI_IN_PLACE : send;
+    MPI_Request request;
+    check(MPI_Ireduce(source, is_root ? recv : nullptr, n, mpi_type(dtype), reduction, root, comm_,
+                      &request),
+          "MPI_Ireduce");
+    auto pending = std::make_unique<MpiPending>(this, "reduce", request);
+    if (op == ReduceOp::avg && is_root) {
+      pending->finish = [this, recv, count, dtype] { divide_by_size(recv, count, dtype); };
     }
     return pending;
   }
@@ -178,14 +311,34 @@ class MpiCommunicator final : public Communicator {
   double timeout_seconds() const { return options_.timeout_seconds; }
 
  private:
-  static MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
-  void check_reducible(DType dtype, const char* op) const {
-    SHARDOPT_CHECK(dtype == DType::f32, unsupported, "{} over MPI supports f32 only, got {}", op,
-                   dtype_name(dtype));
+  // The MPI operation for `op` on `dtype` (avg: the sum; divide_by_size finishes it).
+  MPI_Op mpi_op(DType dtype, ReduceOp op, const char* name) const {
+    const bool known_op = op == ReduceOp::sum || op == ReduceOp::avg || op == ReduceOp::max;
+    const bool known_dtype = dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+    SHARDOPT_CHECK(known_op && known_dtype, unsupported,
+                   "{} over MPI does not support reduce op {} ({}) on dtype {} ({}): the MPI "
+                   "backend reduces f32, bf16 and f16 with sum, avg and max",
+                   name, reduce_op_name(op), static_cast<int>(op), dtype_name(dtype),
+                   static_cast<int>(dtype));
+    if (dtype == DType::f32) return op == ReduceOp::max ? MPI_MAX : MPI_SUM;
+    return HalfOps::get(dtype, op);
   }
-  void divide_by_size(float* data, int64_t count) const {
+
+  // avg's last step, on the host, for every reducing collective: each element of the sum
+  // divided by the world size in float (and, for bf16/f16, rounded back to nearest even).
+  void divide_by_size(void* data, int64_t count, DType dtype) const {
     const float n = static_cast<float>(size_);
-    for (int64_t i = 0; i < count; ++i) data[i] = data[i] / n;
+    if (dtype == DType::f32) {
+      auto* values = static_cast<float*>(data);
+      for (int64_t i = 0; i < count; ++i) values[i] = values[i] / n;
+      return;
+    }
+    auto* words = static_cast<uint16_t*>(data);
+    if (dtype == DType::bf16) {
+      for (int64_t i = 0; i < count; ++i) words[i] = comm::average_word<comm::Bf16Words>(words[i], n);
+    } else {
+      for (int64_t i = 0; i < count; ++i) words[i] = comm::average_word<comm::F16Words>(words[i], n);
+    }
   }
 
   std::shared_ptr<MpiRuntime> runtime_;

@@ -282,18 +282,11 @@ class NcclCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
                       ReduceOp op) override {
-    const char* name = "reduce_scatter";
-    check_count(count, name);
-    if (count > 0) {
-      check_device_buffer(send, name, "send");
-      check_device_buffer(recv, name, "recv");
-    }
-    const ncclDataType_t type = nccl_type(dtype);
-    const ncclRedOp_t reduction = nccl_op(op);
-    issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
-      return ncclReduceScatter(send, recv, static_cast<size_t>(count), type, reduction, comm,
-                               stream);
-    })->wait();
+    reduce_scatter_async(send, recv, count, dtype, op)->wait();
+  }
+  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+              int root) override {
+    reduce_async(send, recv, count, dtype, op, root)->wait();
   }
 
   void barrier() override {
@@ -342,6 +335,46 @@ class NcclCommunicator final : public Communicator {
     return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(buffer, buffer, static_cast<size_t>(count), type, reduction, comm,
                            stream);
+    });
+  }
+
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv,
+                                                          int64_t count, DType dtype,
+                                                          ReduceOp op) override {
+    const char* name = "reduce_scatter";
+    check_count(count, name);
+    if (count > 0) {
+      check_device_buffer(send, name, "send");
+      check_device_buffer(recv, name, "recv");
+    }
+    const ncclDataType_t type = nccl_type(dtype);
+    const ncclRedOp_t reduction = nccl_op(op);
+    return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclReduceScatter(send, recv, static_cast<size_t>(count), type, reduction, comm,
+                               stream);
+    });
+  }
+
+  // NCCL itself handles the in-place form (send == recv on the root); recv is only looked at
+  // on the root.
+  std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv, int64_t count,
+                                                  DType dtype, ReduceOp op, int root) override {
+    const char* name = "reduce";
+    check_count(count, name);
+    SHARDOPT_CHECK(root >= 0 && root < state_->size, invalid_argument,
+                   "reduce: root {} is not a rank of this {}-rank communicator", root,
+                   state_->size);
+    const bool is_root = state_->rank == root;
+    if (count > 0) {
+      check_device_buffer(send, name, "send");
+      if (is_root) check_device_buffer(recv, name, "recv");
+    }
+    const ncclDataType_t type = nccl_type(dtype);
+    const ncclRedOp_t reduction = nccl_op(op);
+    void* target = is_root ? recv : nullptr;
+    return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
+      return ncclReduce(send, target, static_cast<size_t>(count), type, reduction, root, comm,
+                        stream);
     });
   }
 

@@ -1,0 +1,218 @@
+// kernels/precision.hpp — bf16/f16 <-> float conversions (nearest-even and stochastic) and the counter-based rounding random bits, host and device.
+//
+// Integer arithmetic on the bit patterns, plus two float operations whose results IEEE fixes
+// exactly (an exact scaling in f16_to_float, one nearest-even addition in float_to_f16); no
+// float16 hardware instructions. So the host loops, their vectorised forms and the CUDA
+// kernels produce the same bits. The functions are branch-free (selects only), which lets GCC
+// vectorise the loops that call them; variable shifts are clamped below 32 so no lane ever
+// shifts by an undefined amount.
+#pragma once
+
+#include <cstdint>
+
+#include "update_rules.hpp"  // SHARDOPT_HOST_DEVICE
+
+namespace shardopt {
+namespace kernels {
+
+// ---- bit casts (no memcpy: they must also compile in device code) ------------------------------
+
+SHARDOPT_HOST_DEVICE uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  // GCC and Clang define reading the other member of a union (type punning).
+  union {
+    float f;
+    uint32_t u;
+  } pun{x};
+  return pun.u;
+#endif
+}
+
+SHARDOPT_HOST_DEVICE float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  union {
+    uint32_t u;
+    float f;
+  } pun{u};
+  return pun.f;
+#endif
+}
+
+SHARDOPT_HOST_DEVICE uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+// `condition ? a : b` as a bit blend. Where one operand comes from float arithmetic, GCC
+// would otherwise sink that arithmetic into a branch (it may trap) and then refuse to
+// vectorise the loop ("control flow in loop").
+SHARDOPT_HOST_DEVICE uint32_t select_u32(bool condition, uint32_t a, uint32_t b) {
+  return b ^ ((a ^ b) & (0u - static_cast<uint32_t>(condition)));
+}
+
+// ---- bf16: the top half of a float --------------------------------------------------------------
+
+SHARDOPT_HOST_DEVICE float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest, ties to even: adding 0x7fff plus the kept LSB carries into the kept half
+// exactly when the dropped half is above one half, or equal to it with an odd kept half. A carry
+// out of the largest finite value yields the infinity pattern, as IEEE RNE overflow does.
+SHARDOPT_HOST_DEVICE uint16_t float_to_bf16(float x) {
+  const uint32_t u = float_bits(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;  // keeps sign and top payload bits
+  const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(is_nan ? quiet_nan : rounded);
+}
+
+// Adds 16 random bits to the 16 dropped bits and truncates: the kept half goes up with
+// probability (dropped bits) / 2^16, so E[result] == x for every finite x (values past the
+// largest finite bf16 may carry into inf). Infinities stay, as their dropped bits are zero;
+// NaN is quietened.
+SHARDOPT_HOST_DEVICE uint16_t float_to_bf16_stochastic(float x, uint32_t random) {
+  const uint32_t u = float_bits(x);
+  const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (u + (random & 0xffffu)) >> 16;
+  return static_cast<uint16_t>(is_nan ? ((u >> 16) | 0x0040u) : rounded);
+}
+
+// ---- f16 (IEEE binary16) -------------------------------------------------------------------------
+
+// Exact: normal values rebias the exponent; subnormals (m * 2^-24) are converted through an
+// exact int->float conversion and a power-of-two scale.
+SHARDOPT_HOST_DEVICE float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  const uint32_t normal = ((exponent + 112u) << 23) | (mantissa << 13);
+  const uint32_t special = 0x7f800000u | (mantissa << 13);  // inf, NaN with its payload
+  const uint32_t subnormal = float_bits(static_cast<float>(static_cast<int32_t>(mantissa)) * 0x1p-24f);
+  const uint32_t magnitude = select_u32(exponent == 0u, subnormal, select_u32(exponent == 31u, special, normal));
+  return bits_float(sign | magnitude);
+}
+
+namespace detail {
+
+// For the stochastic f16 narrowing of |x| = `a` (the float's bits without sign, not NaN, at
+// most 65504): the truncated f16 magnitude and the dropped fraction scaled to 32 bits
+// (fraction * 2^32, rounded down where more than 32 bits are dropped).
+struct F16Split {
+  uint32_t truncated;
+  uint32_t fraction;
+};
+
+SHARDOPT_HOST_DEVICE F16Split f16_split(uint32_t a) {
+  // Normal f16 range (|x| >= 2^-14): rebias 127 -> 15 and drop 13 mantissa bits. Wraps for
+  // smaller inputs; those lanes take the subnormal result below.
+  const uint32_t rebiased = a - 0x38000000u;
+  const uint32_t normal_truncated = rebiased >> 13;
+  const uint32_t normal_fraction = rebiased << 19;
+  // Subnormal f16 range: the value in units of 2^-24 is significand * 2^-shift, where the
+  // significand carries the implicit bit (none for float subnormals, whose exponent counts as 1).
+  const uint32_t exponent = a >> 23;
+  const uint32_t significand = (a & 0x7fffffu) | (exponent != 0u ? 0x800000u : 0u);
+  const uint32_t shift = 126u - (exponent != 0u ? exponent : 1u);  // >= 14 here, up to 125
+  const uint32_t sub_truncated = significand >> min_u32(shift, 31u);
+  // shift <= 31: the dropped bits moved to the top of a 32-bit word; shift > 31: the whole
+  // significand is dropped and sits (shift - 32) places below the word.
+  const uint32_t near_shift = shift < 1u ? 1u : min_u32(shift, 31u);  // in [1,31] in every lane
+  const uint32_t sub_fraction_near = significand << (32u - near_shift);
+  const uint32_t sub_fraction_far = significand >> min_u32(shift - 32u, 31u);
+  const uint32_t sub_fraction = shift <= 31u ? sub_fraction_near : sub_fraction_far;
+  const bool normal = a >= 0x38800000u;
+  return F16Split{normal ? normal_truncated : sub_truncated, normal ? normal_fraction : sub_fraction};
+}
+
+}  // namespace detail
+
+// Round to nearest, ties to even, subnormals included; overflow gives inf; NaN becomes a quiet
+// NaN with its sign and top payload bits (what x86's vcvtps2ph produces).
+SHARDOPT_HOST_DEVICE uint16_t float_to_f16(float x) {
+  const uint32_t u = float_bits(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Normal f16 range: rebias the exponent (127 -> 15) and round the 13 dropped bits with the
+  // add-and-carry of float_to_bf16. A carry out of the mantissa bumps the exponent, as it
+  // should; the clamp covers inf and everything that rounds past 65504. (Wraps for small
+  // inputs, which take the subnormal result.)
+  const uint32_t normal = min_u32((a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13, 0x7c00u);
+  // Subnormal f16 range (|x| < 2^-14): in |x| + 0.5f the float's last mantissa bit is worth
+  // 2^-24, the f16 subnormal step, so the IEEE adder itself rounds to nearest even, and the
+  // sum's bits minus those of 0.5f count the steps (up to 0x400, the smallest normal). Exact
+  // on any IEEE adder in the default rounding mode; a flush-to-zero adder would only change
+  // inputs below 2^-126, which round to 0 anyway.
+  const uint32_t subnormal = float_bits(bits_float(a) + 0.5f) - 0x3f000000u;
+  const uint32_t finite = select_u32(a < 0x38800000u, subnormal, normal);
+  const uint32_t quiet_nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  return static_cast<uint16_t>(sign | select_u32(a > 0x7f800000u, quiet_nan, finite));
+}
+
+// Up with probability equal to the dropped fraction (to 2^-32 where over 32 bits are
+// dropped, i.e. |x| < 2^-32), so E[f16_to_float(result)] == x across the whole finite f16
+// range, subnormals included. |x| above the largest finite f16 (65504), inf and NaN take the
+// nearest-even result.
+SHARDOPT_HOST_DEVICE uint16_t float_to_f16_stochastic(float x, uint32_t random) {
+  const uint32_t u = float_bits(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  const detail::F16Split split = detail::f16_split(a);
+  const uint32_t stochastic = sign | (split.truncated + (random < split.fraction ? 1u : 0u));
+  return a > 0x477fe000u ? float_to_f16(x) : static_cast<uint16_t>(stochastic);
+}
+
+// ---- counter-based random bits for stochastic rounding --------------------------------------------
+
+// A 32-bit integer mixer with low bias (the "lowbias32" constants): a bijection in which every
+// input bit affects every output bit.
+SHARDOPT_HOST_DEVICE uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// The per-call part of rounding_random: (seed, step) absorbed word by word. The constant
+// added after each round keeps an all-zero input away from the mixer's fixed point at zero.
+SHARDOPT_HOST_DEVICE uint32_t rounding_step_key(uint64_t seed, uint64_t step) {
+  uint32_t k = 0x6a09e667u;
+  k = mix32(k ^ static_cast<uint32_t>(seed)) + 0x9e3779b9u;
+  k = mix32(k ^ static_cast<uint32_t>(seed >> 32)) + 0x9e3779b9u;
+  k = mix32(k ^ static_cast<uint32_t>(step)) + 0x9e3779b9u;
+  k = mix32(k ^ static_cast<uint32_t>(step >> 32)) + 0x9e3779b9u;
+  return k;
+}
+
+// The keys of one block of 2^32 indices (those sharing the index's high word): loops hoist
+// them, so that the per-element work is 32-bit only.
+struct RoundingBlockKey {
+  uint32_t inner;
+  uint32_t outer;
+};
+
+SHARDOPT_HOST_DEVICE RoundingBlockKey rounding_block_key(uint32_t step_key, uint32_t index_high) {
+  const uint32_t inner = mix32(step_key ^ index_high) + 0x9e3779b9u;
+  return RoundingBlockKey{inner, mix32(inner ^ 0xbb67ae85u)};
+}
+
+// Two keyed mixer rounds over the index's low word.
+SHARDOPT_HOST_DEVICE uint32_t rounding_random_in_block(const RoundingBlockKey& key, uint32_t index_low) {
+  return mix32(mix32(index_low ^ key.inner) ^ key.outer);
+}
+
+SHARDOPT_HOST_DEVICE uint32_t rounding_random_keyed(uint32_t step_key, uint64_t index) {
+  return rounding_random_in_block(rounding_block_key(step_key, static_cast<uint32_t>(index >> 32)),
+                                  static_cast<uint32_t>(index));
+}
+
+// 32 random bits for element `index` of the flat parameter space at optimizer step `step`:
+// a pure function of (seed, step, index), so results never depend on shard boundaries,
+// thread counts or the device.
+SHARDOPT_HOST_DEVICE uint32_t rounding_random(uint64_t seed, uint64_t step, uint64_t index) {
+  return rounding_random_keyed(rounding_step_key(seed, step), index);
+}
+
+}  // namespace kernels
+}  // namespace shardopt
