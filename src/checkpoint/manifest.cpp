@@ -7,6 +7,7 @@
 
 #include "checkpoint/file_io.hpp"
 #include "core/check.hpp"
+#include "optim/state_kinds.hpp"
 
 namespace shardopt {
 namespace checkpoint {
@@ -15,7 +16,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 constexpr const char* kFormatName = "shardopt-checkpoint";
-const char* const kKnownKinds[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"};
 
 ojson hyper_to_json(const Hyperparams& h) {
   return ojson{{"lr", h.lr},
@@ -75,7 +75,7 @@ void check_consistency(const Manifest& m, const std::string& path) {
   SHARDOPT_CHECK(m.files.size() == expected_files, corrupt, "'{}': {} shard files listed, expected {}", path,
                  m.files.size(), expected_files);
   for (const std::string& kind : m.state_kinds) {
-    SHARDOPT_CHECK(std::find(std::begin(kKnownKinds), std::end(kKnownKinds), kind) != std::end(kKnownKinds),
+    SHARDOPT_CHECK(std::find(std::begin(optim::kStateNames), std::end(optim::kStateNames), kind) != std::end(optim::kStateNames),
                    corrupt, "'{}': unknown state kind '{}'", path, kind);
   }
   for (std::size_t i = 0; i < m.params.size(); ++i) {

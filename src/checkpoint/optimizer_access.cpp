@@ -4,11 +4,6 @@
 namespace shardopt {
 namespace checkpoint {
 
-std::array<bool, optim::kStateKinds> state_kinds_for(Algorithm algorithm, const std::vector<Hyperparams>& groups) {
-  // Checkpoints hold f32 optimizers only (require_host_state), which keep no master copies.
-  return optim::state_kinds_needed(algorithm, DType::f32, groups);
-}
-
 std::vector<std::string> state_kind_names(const std::array<bool, optim::kStateKinds>& kinds) {
   std::vector<std::string> names;
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {

@@ -10,9 +10,6 @@
 namespace shardopt {
 namespace checkpoint {
 
-// The state kinds the algorithm keeps for these groups (the same rule as
-// Impl::state_kinds_needed, for groups that are not yet installed).
-std::array<bool, optim::kStateKinds> state_kinds_for(Algorithm algorithm, const std::vector<Hyperparams>& groups);
 std::vector<std::string> state_kind_names(const std::array<bool, optim::kStateKinds>& kinds);
 
 // Error(mismatch) naming the first parameter (or group count) where `manifest` differs from
@@ -33,13 +30,6 @@ void require_host_state(const ImplT& im, const char* what) {
                  device_name(im.device));
 }
 
-// The file format holds f32 tensors (F32 safetensors) and no master copies yet.
-template <typename ImplT>
-void require_f32_params(const ImplT& im, const char* what) {
-  SHARDOPT_CHECK(im.dtype == DType::f32, unsupported,
-                 "{}: checkpoints of {} parameters (with fp32 master copies) are not supported yet", what,
-                 dtype_name(im.dtype));
-}
 
 }  // namespace checkpoint
 }  // namespace shardopt

@@ -43,12 +43,14 @@ checkpoint::ManifestFile write_own_shard(const ImplT& im, const std::string& dir
   checkpoint::ShardFileWriter writer(checkpoint::join_path(dir, checkpoint::shard_file_name(save_id, index, count)),
                                      checkpoint::shard_tensors(shard.numel, kinds, frozen_numel, index),
                                      checkpoint::shard_metadata(save_id, index, count));
-  // Parameter values, with zeros in the padding between and after segments.
+  // Parameter values, with zeros in the padding between and after segments. Files hold F32:
+  // bf16/f16 values are widened (exactly) and narrowed back (exactly) on load.
+  std::vector<float> wide;
   int64_t written = 0;
   for (const partition::Segment& s : segments_by_shard_offset(shard)) {
     if (s.length == 0) continue;
     writer.write_zeros(s.shard_offset - written);
-    writer.write(im.param_data(static_cast<std::size_t>(s.param)) + s.param_offset, s.length);
+    writer.write(im.param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length, wide), s.length);
     written = s.shard_offset + s.length;
   }
   writer.write_zeros(shard.numel - written);
@@ -61,7 +63,7 @@ checkpoint::ManifestFile write_own_shard(const ImplT& im, const std::string& dir
   }
   if (index == 0) {
     for (std::size_t i = 0; i < im.params.size(); ++i) {
-      if (!im.params[i].trainable) writer.write(im.param_data(i), im.params[i].numel);
+      if (!im.params[i].trainable) writer.write(im.param_values_f32(i, 0, im.params[i].numel, wide), im.params[i].numel);
     }
   }
   checkpoint::ManifestFile file = writer.commit();
@@ -108,7 +110,8 @@ PreparedLoad prepare_load(const ImplT& im, const std::string& dir) {
       partition::make_layout(im.strategy(), infos, im.world(), optim::kShardAlignment);
   const partition::RankShard& shard = target.shards[static_cast<std::size_t>(im.rank())];
   prep.shard_numel = shard.numel;
-  prep.kinds = checkpoint::state_kinds_for(im.config.algorithm, m.groups);
+  // bf16/f16 optimizers also keep their fp32 masters (a "master" state kind).
+  prep.kinds = optim::state_kinds_needed(im.config.algorithm, im.dtype, m.groups);
 
   auto read_shard = [&](const std::string& tensor, float* out) {
     for (const partition::Segment& s : shard.segments) {
@@ -156,12 +159,11 @@ void install(ImplT& im, PreparedLoad& prep) {
   im.state_in_use = prep.kinds;
   for (const partition::Segment& s : im.own_shard().segments) {
     if (s.length == 0) continue;
-    std::memcpy(im.param_data(static_cast<std::size_t>(s.param)) + s.param_offset, prep.params.data() + s.shard_offset,
-                static_cast<std::size_t>(s.length) * sizeof(float));
+    im.set_param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length, prep.params.data() + s.shard_offset);
   }
   for (std::size_t i = 0; i < im.params.size(); ++i) {
     if (!im.params[i].trainable && im.params[i].numel > 0) {
-      std::memcpy(im.param_data(i), prep.frozen[i].data(), static_cast<std::size_t>(im.params[i].numel) * sizeof(float));
+      im.set_param_values_f32(i, 0, im.params[i].numel, prep.frozen[i].data());
     }
   }
   im.sync_params();
@@ -173,7 +175,6 @@ void install(ImplT& im, PreparedLoad& prep) {
 void ZeroOptimizer::save(const std::string& dir) {
   Impl& im = *impl_;
   checkpoint::require_host_state(im, "save");
-  checkpoint::require_f32_params(im, "save");
   Communicator& comm = *im.comm;
   if (im.layout_dirty) im.rebuild_layout();
   const std::string what = fmt::format("save to '{}'", dir);
@@ -263,7 +264,6 @@ void ZeroOptimizer::save(const std::string& dir) {
 void ZeroOptimizer::load(const std::string& dir) {
   Impl& im = *impl_;
   checkpoint::require_host_state(im, "load");
-  checkpoint::require_f32_params(im, "load");
   if (im.layout_dirty) im.rebuild_layout();
   Outcome prepared;
   PreparedLoad prep;

@@ -26,6 +26,7 @@
 #include "optim/fingerprint.hpp"
 #include "optim/flat_buffer.hpp"
 #include "optim/host_staging.hpp"
+#include "optim/state_kinds.hpp"
 #include "optim/hyperparams.hpp"
 #include "partition/partition.hpp"
 #include "shardopt/checkpoint.hpp"
@@ -38,27 +39,6 @@ namespace optim {
 // 16-byte vector access on devices.
 constexpr int64_t kShardAlignment = 16;
 
-// Per-element f32 buffers over this rank's shard. kMaster: the fp32 master copy of bf16/f16
-// parameters (f32 parameters are their own master).
-enum StateKind : std::size_t { kExpAvg = 0, kExpAvgSq, kMaxExpAvgSq, kMomentum, kMaster, kStateKinds };
-inline constexpr const char* kStateNames[kStateKinds] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                         "momentum_buffer", "master"};
-
-// Which state kinds an optimizer of `algorithm` over `dtype` parameters with these groups keeps.
-inline std::array<bool, kStateKinds> state_kinds_needed(Algorithm algorithm, DType dtype,
-                                                        const std::vector<Hyperparams>& groups) {
-  std::array<bool, kStateKinds> needed{};
-  for (const Hyperparams& h : groups) {
-    if (algorithm == Algorithm::sgd) {
-      needed[kMomentum] = needed[kMomentum] || h.momentum != 0.0;
-    } else {
-      needed[kExpAvg] = needed[kExpAvgSq] = true;
-      needed[kMaxExpAvgSq] = needed[kMaxExpAvgSq] || h.amsgrad;
-    }
-  }
-  needed[kMaster] = dtype != DType::f32;
-  return needed;
-}
 
 struct ParamRecord {
   std::string name;
@@ -561,8 +541,20 @@ struct ZeroOptimizer::Impl {
     if (!bucket_view()) return params[i].user_grad;
     return stage2() ? nullptr : static_cast<void*>(flat_grads.at(view_offset[i]));
   }
-  // As floats, for the checkpoint module (which handles f32 optimizers only).
-  float* param_data(std::size_t i) const { return static_cast<float*>(param_ptr(i)); }
+  // Host parameter values as f32, for checkpoints: elements [offset, offset+n) of param i,
+  // widened into `scratch` for bf16/f16 (exact both ways).
+  const float* param_values_f32(std::size_t i, int64_t offset, int64_t n, std::vector<float>& scratch) const {
+    const char* at = optim::element(param_ptr(i), offset, dtype);
+    if (!low_precision()) return reinterpret_cast<const float*>(at);
+    scratch.resize(static_cast<std::size_t>(n));
+    kernels::widen_cpu(at, dtype, scratch.data(), n, config.cpu_threads);
+    return scratch.data();
+  }
+  void set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values) {
+    char* at = optim::element(param_ptr(i), offset, dtype);
+    if (low_precision()) kernels::narrow_cpu(values, at, dtype, n, config.cpu_threads);
+    else std::memcpy(at, values, optim::span_bytes(n, dtype));
+  }
 
   void build_runs() {
     runs.clear();
