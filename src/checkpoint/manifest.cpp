@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "checkpoint/file_io.hpp"
 #include "core/check.hpp"
@@ -150,6 +151,7 @@ std::string manifest_to_json(const Manifest& m) {
   j["alignment"] = m.alignment;
   j["algorithm"] = algorithm_name(m.algorithm);
   j["state_kinds"] = m.state_kinds;
+  if (m.has_loss_scale) j["loss_scaling"] = ojson{{"scale", m.loss_scale}, {"growth_tracker", m.growth_tracker}};
   j["groups"] = ojson::array();
   for (const Hyperparams& h : m.groups) j["groups"].push_back(hyper_to_json(h));
   j["params"] = ojson::array();
@@ -200,6 +202,13 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     m.alignment = j.at("alignment").get<int64_t>();
     m.algorithm = algorithm_from_name(j.at("algorithm").get<std::string>(), path);
     m.state_kinds = j.at("state_kinds").get<std::vector<std::string>>();
+    if (j.contains("loss_scaling")) {
+      m.has_loss_scale = true;
+      m.loss_scale = j.at("loss_scaling").at("scale").get<double>();
+      m.growth_tracker = j.at("loss_scaling").at("growth_tracker").get<int64_t>();
+      SHARDOPT_CHECK(std::isfinite(m.loss_scale) && m.loss_scale > 0 && m.growth_tracker >= 0, corrupt,
+                     "'{}': loss_scaling holds scale {} and growth_tracker {}", path, m.loss_scale, m.growth_tracker);
+    }
     for (const auto& g : j.at("groups")) m.groups.push_back(hyper_from_json(g));
     for (const auto& p : j.at("params")) {
       ManifestParam r;

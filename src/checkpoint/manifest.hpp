@@ -52,6 +52,10 @@ struct Manifest {
   std::vector<Hyperparams> groups;
   std::vector<ManifestParam> params;
   std::vector<ManifestFile> files;
+  // Loss scaling's state (GradScaler's scale and growth count) when the optimizer had it on.
+  bool has_loss_scale = false;
+  double loss_scale = 1.0;
+  int64_t growth_tracker = 0;
 
   int64_t frozen_numel() const;
   int64_t total_file_bytes() const;

@@ -149,6 +149,11 @@ void install(ImplT& im, PreparedLoad& prep) {
     p.has_momentum_buffer = m.params[i].has_momentum_buffer;
   }
   im.groups = m.groups;
+  // A checkpoint without loss scaling leaves this optimizer's scale as it is.
+  if (im.config.loss_scaling.enabled && m.has_loss_scale) {
+    im.scale = m.loss_scale;
+    im.growth_tracker = m.growth_tracker;
+  }
   if (flags_changed) im.rebuild_layout();
   SHARDOPT_CHECK(im.own_shard().numel == prep.shard_numel, internal,
                  "load: the rebuilt shard has {} elements, the prepared one {}", im.own_shard().numel, prep.shard_numel);
@@ -239,6 +244,9 @@ void ZeroOptimizer::save(const std::string& dir) {
       m.algorithm = im.config.algorithm;
       m.state_kinds = kinds;
       m.groups = im.groups;
+      m.has_loss_scale = im.config.loss_scaling.enabled;
+      m.loss_scale = im.scale;
+      m.growth_tracker = im.growth_tracker;
       for (const optim::ParamRecord& p : im.params) {
         m.params.push_back({p.name, p.numel, p.dtype, p.group, p.trainable, p.step, p.has_momentum_buffer});
       }

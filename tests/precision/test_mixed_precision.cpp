@@ -491,3 +491,30 @@ TEST_CASE("a bf16 checkpoint keeps the fp32 masters: resuming equals not stoppin
   REQUIRE(snapshot(*resumed) == snapshot(*straight));
   REQUIRE(resumed->param_step(0) == 6);
 }
+
+TEST_CASE("the loss scale and its growth count survive a checkpoint", "[precision][checkpoint][scaling]") {
+  OptimizerConfig config;
+  config.algorithm = Algorithm::sgd;
+  config.loss_scaling.enabled = true;
+  config.loss_scaling.init_scale = 256;
+  config.loss_scaling.growth_interval = 2;
+  std::vector<uint16_t> init(16, narrow(0.5f, DType::f16));
+  ParamGroupSpec group;
+  group.params.push_back(ParamSpec{"s", TensorRef{init.data(), 16, DType::f16, Device::cpu()}, TensorRef{}});
+  const std::string dir = std::string(SHARDOPT_TEST_SCRATCH) + "/np" + std::to_string(world()->size()) + "/scale";
+  ZeroOptimizer opt(world(), config, {group});
+  auto step_with = [](ZeroOptimizer& o, float g) {
+    store(Words(16, narrow(g, DType::f16)), o.grad_view(0).data, DType::f16);
+    o.step();
+  };
+  step_with(opt, INFINITY);  // 256 -> 128
+  step_with(opt, 1.f);       // one clean step counted towards growth
+  REQUIRE(opt.loss_scale() == 128.0);
+  opt.save(dir);
+  ZeroOptimizer resumed(world(), config, {group});
+  REQUIRE(resumed.loss_scale() == 256.0);
+  resumed.load(dir);
+  REQUIRE(resumed.loss_scale() == 128.0);
+  step_with(resumed, 1.f);  // the second clean step in a row: the scale grows
+  REQUIRE(resumed.loss_scale() == 256.0);
+}
