@@ -134,6 +134,7 @@ struct ZeroOptimizer::Impl {
   std::vector<int> buckets_in_flight;  // issued, not yet waited for, oldest first
   std::vector<bool> handed;            // per param, this round
   int64_t handed_count = 0;
+  uint64_t handed_order = 0;           // a hash of the hand-over order, compared across ranks
   static constexpr std::size_t kBucketsInFlight = 2;
 
   // Loss scaling (GradScaler's state) and the clipping armed for the next step.
@@ -982,6 +983,7 @@ struct ZeroOptimizer::Impl {
     }
     handed[i] = true;
     ++handed_count;
+    handed_order = (handed_order ^ (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
   }
 
   void reduce_gradient(ParamId id, const TensorRef& grad) {
@@ -1031,6 +1033,20 @@ struct ZeroOptimizer::Impl {
     grad_buckets.clear();
     handed.assign(params.size(), false);
     handed_count = 0;
+    const uint64_t order = handed_order;
+    handed_order = 0;
+    // Buckets handed in another order on some rank were matched with the wrong collectives:
+    // refuse the round on every rank rather than step on mixed-up gradients.
+    if (world() > 1) {
+      std::vector<uint64_t> orders(static_cast<std::size_t>(world()));
+      host_comm().all_gather(&order, orders.data(), 2, DType::f32);  // 8 bytes as two words
+      for (int r = 0; r < world(); ++r) {
+        SHARDOPT_CHECK(orders[static_cast<std::size_t>(r)] == orders[0], mismatch,
+                       "reduce_gradients(): rank {} handed its gradients in another order than rank 0; "
+                       "every rank must hand the same parameters in the same order",
+                       r);
+      }
+    }
   }
 
   // A stage-2 round that has begun must be finished by reduce_gradients() first.

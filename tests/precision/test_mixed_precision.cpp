@@ -436,6 +436,21 @@ TEST_CASE("stage 2 and mixed-precision misuse is refused with errors that name i
     // Every rank forgot 'b' alike: an error naming it, never a hang.
     CHECK_THAT(error_of([&] { opt.reduce_gradients(); }).second, Catch::Contains("never handed the gradient of 'b'"));
   }
+  SECTION("stage 2 hand-over in another order on one rank") {
+    if (world()->size() > 1) {
+      OptimizerConfig config;
+      config.stage = 2;
+      ZeroOptimizer opt(world(), config, {group});
+      std::vector<uint16_t> g(8, narrow(0.5f, DType::bf16));
+      const TensorRef grad{g.data(), 8, DType::bf16, Device::cpu()};
+      const bool reversed = world()->rank() == 1;
+      opt.reduce_gradient(reversed ? 1 : 0, grad);
+      opt.reduce_gradient(reversed ? 0 : 1, grad);
+      const auto [code, message] = error_of([&] { opt.reduce_gradients(); });
+      CHECK(code == ErrorCode::mismatch);
+      CHECK_THAT(message, Catch::Contains("rank 1 handed its gradients in another order"));
+    }
+  }
   SECTION("reduce_gradient is for stage 2, clip_grad_norm takes 2 or inf") {
     ZeroOptimizer opt(world(), OptimizerConfig{}, {group});
     std::vector<uint16_t> g(8);
