@@ -141,6 +141,8 @@ const char* const usage_text =
     "                                        are handed with reduce_gradient() and reduced to\n"
     "                                        their owners before every step, untimed\n"
     "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1)\n"
+    "  --bucket-bytes B          OptimizerConfig::bucket_bytes (default 64 MiB)\n"
+    "  --pipeline-chunk-bytes B  OptimizerConfig::pipeline_chunk_bytes: update and sync in chunks (default 0: off)\n"
     "  --mode sharded|replicated state sharded (default) or replicated, the unsharded\n"
     "                            baseline; implies --mode step (also --shard ...)\n"
     "  --stream-mb M             MiB per bandwidth-test array, 4 arrays per rank\n"
@@ -182,6 +184,8 @@ struct Options {
   DType dtype = DType::f32;
   int stage = 1;
   int threads = 1;
+  int64_t bucket_bytes = int64_t{64} << 20;
+  int64_t pipeline_chunk_bytes = 0;
   bool sharded = true;
   int64_t stream_mb = 0;  // 0: automatic
   bool breakdown = false;
@@ -315,6 +319,8 @@ Options parse_options(int argc, char** argv) {
       else bad_usage("--dtype expects f32, bf16 or f16, got '" + value + "'");
     } else if (flag == "--stage") o.stage = static_cast<int>(parse_int(flag, value, 1, 2));
     else if (flag == "--threads") o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
+    else if (flag == "--bucket-bytes") o.bucket_bytes = std::max<int64_t>(1, parse_size(flag, value));
+    else if (flag == "--pipeline-chunk-bytes") o.pipeline_chunk_bytes = parse_size(flag, value);
     else if (flag == "--stream-mb") o.stream_mb = parse_int(flag, value, 1, int64_t{1} << 20);
     else bad_usage("unknown option '" + flag + "'");
   }
@@ -791,6 +797,8 @@ OptimizerConfig make_config(const Options& o) {
   config.shard_state = o.sharded;
   config.stage = o.stage;
   config.cpu_threads = o.threads;
+  config.bucket_bytes = o.bucket_bytes;
+  config.pipeline_chunk_bytes = o.pipeline_chunk_bytes;
   return config;
 }
 
@@ -1154,7 +1162,7 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
 
   const char* mode = o.sharded ? "sharded" : "replicated";
   say(*comm,
-      "world={} params={} {} optimizer={} partition={} dtype={} stage={} storage={} threads={} mode={} "
+      "world={} params={} {} optimizer={} partition={} dtype={} stage={} storage={} threads={} bucket_bytes={} pipeline_chunk_bytes={} mode={} "
       "iters={} warmup={} shard_numel_max={} state_bytes_per_rank={} master_bytes_per_rank={} "
       "grad_bytes_per_rank={} peak_rss_mb={:.1f} base_rss_mb={:.1f} "
       "update_bytes={} sync_bytes={} stream_copy_gbps={:.2f} stream_triad_gbps={:.2f} "
@@ -1163,7 +1171,7 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
       world, model.numel, model.description, shardopt::algorithm_name(o.algorithm),
       shardopt::partition_name(o.partition), shardopt::dtype_name(o.dtype), config.stage,
       o.storage == Storage::bucket_view ? "bucket_view" : "external",
-      effective_threads(o.threads), mode, o.iters, o.warmup, *std::max_element(shards.begin(), shards.end()),
+      effective_threads(o.threads), o.bucket_bytes, o.pipeline_chunk_bytes, mode, o.iters, o.warmup, *std::max_element(shards.begin(), shards.end()),
       max_state, max_master, max_grad, static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(base_rss) / (1 << 20), update_bytes, sync_bytes, stream.copy_gbps,
       stream.triad_gbps, stream.update_gbps, stream.array_bytes >> 20, roofline_s * 1e3, step_s * 1e3,
       step_s > 0 ? static_cast<double>(model.numel) / step_s : 0.0, gbps(total_bytes, step_s),

@@ -61,6 +61,10 @@ struct OptimizerConfig {
   int64_t bucket_bytes = int64_t{64} << 20;
   // Threads for the CPU update (OpenMP); 0 leaves the OpenMP default.
   int cpu_threads = 0;
+  // > 0 (bucket view, sharded): the step updates the shard in chunks of this many bytes and
+  // starts each chunk's sync (broadcasts from its owner) while the next chunk is updated.
+  // 0: update everything, then one all-gather (flat) or the bucketed broadcasts.
+  int64_t pipeline_chunk_bytes = 0;
   // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
   // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and
   // keeps gradient memory for its shard only; see reduce_gradient().

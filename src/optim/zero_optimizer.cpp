@@ -27,6 +27,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
     : impl_(std::make_unique<Impl>()) {
   SHARDOPT_CHECK(comm != nullptr, invalid_argument, "ZeroOptimizer needs a communicator (got null)");
   SHARDOPT_CHECK(config.bucket_bytes > 0, invalid_argument, "bucket_bytes must be positive, got {}", config.bucket_bytes);
+  SHARDOPT_CHECK(config.pipeline_chunk_bytes >= 0, invalid_argument, "pipeline_chunk_bytes must be >= 0, got {}",
+                 config.pipeline_chunk_bytes);
   SHARDOPT_CHECK(config.stage == 1 || config.stage == 2, invalid_argument, "stage must be 1 or 2, got {}", config.stage);
   SHARDOPT_CHECK(config.stage == 1 || config.shard_state, invalid_argument,
                  "stage 2 shards gradients by the optimizer state's partition; it needs shard_state = true");

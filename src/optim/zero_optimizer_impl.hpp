@@ -696,10 +696,21 @@ struct ZeroOptimizer::Impl {
     return norm;
   }
 
-  void update_shard() {
+  // Updates the elements of this rank's shard in [lo, hi) (shard offsets).
+  void update_range(int64_t lo, int64_t hi) {
     const int threads = config.cpu_threads;
     const kernels::GradTransform transform{unscale_factor(), pending_clip};
-    for (const optim::UpdateRun& run : runs) {
+    for (const optim::UpdateRun& whole : runs) {
+      const int64_t begin = std::max(lo, whole.shard_offset);
+      const int64_t end = std::min(hi, whole.shard_offset + whole.length);
+      if (begin >= end) continue;
+      const int64_t skip = begin - whole.shard_offset;
+      optim::UpdateRun run = whole;
+      run.shard_offset = begin;
+      run.length = end - begin;
+      run.param += optim::span_bytes(skip, dtype);
+      run.grad += optim::span_bytes(skip, dtype);
+      run.first_index += skip;
       const optim::ParamRecord& p = params[static_cast<std::size_t>(run.first_param)];
       const Hyperparams& h = groups[static_cast<std::size_t>(p.group)];
       auto at = [&](std::size_t kind) {
@@ -736,6 +747,9 @@ struct ZeroOptimizer::Impl {
         }
       }
     }
+  }
+
+  void advance_steps() {
     // Every rank advances every trainable param, so step counts agree without communication.
     for (optim::ParamRecord& p : params) {
       if (!p.trainable) continue;
@@ -793,6 +807,45 @@ struct ZeroOptimizer::Impl {
     }
   }
 
+  // The update of this rank's shard and the parameter sync. Pipelined (bucket view, sharded,
+  // config.pipeline_chunk_bytes > 0): the shards are cut into chunks; each rank updates its
+  // chunk k, then all ranks start chunk k's broadcasts from their owners, which run while chunk
+  // k+1 is updated. Every rank walks the same (chunk, owner) order, as collectives require.
+  void update_and_sync() {
+    const int64_t chunk = config.pipeline_chunk_bytes / static_cast<int64_t>(dtype_size(dtype)) /
+                          optim::kShardAlignment * optim::kShardAlignment;
+    if (chunk <= 0 || !sharded() || !bucket_view()) {
+      update_range(0, own_shard().numel);
+      advance_steps();
+      sync_params();
+      return;
+    }
+    int64_t largest = 0;
+    for (const partition::RankShard& shard : layout.shards) largest = std::max(largest, shard.numel);
+    constexpr std::size_t kChunksInFlight = 2;
+    std::vector<std::vector<std::unique_ptr<PendingCollective>>> in_flight;
+    for (int64_t begin = 0; begin < largest; begin += chunk) {
+      update_range(begin, begin + chunk);  // nothing past this rank's shard
+      settle_before_collective();
+      std::vector<std::unique_ptr<PendingCollective>> round;
+      for (int r = 0; r < world(); ++r) {
+        const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
+        if (begin >= shard.numel) continue;
+        const int64_t count = std::min(chunk, shard.numel - begin);
+        round.push_back(comm->broadcast_async(flat_params.at(shard.offset + begin), count, dtype, r));
+      }
+      in_flight.push_back(std::move(round));
+      if (in_flight.size() > kChunksInFlight) {
+        for (auto& p : in_flight.front()) p->wait();
+        in_flight.erase(in_flight.begin());
+      }
+    }
+    for (auto& round : in_flight) {
+      for (auto& p : round) p->wait();
+    }
+    advance_steps();
+  }
+
   void step() {
     const device::ScopedDevice scope(device);
     if (layout_dirty) rebuild_layout();
@@ -815,8 +868,7 @@ struct ZeroOptimizer::Impl {
       ++report.skipped_steps;
     } else {
       ensure_state_kinds();
-      update_shard();
-      sync_params();
+      update_and_sync();
       if (scaling && ++growth_tracker == config.loss_scaling.growth_interval) {
         scale *= config.loss_scaling.growth_factor;
         growth_tracker = 0;

@@ -94,6 +94,7 @@ struct Trial {
   bool stochastic = false;
   bool reduce = true;      // go through reduce_gradients (identical grads on every rank)
   double clip = 0.0;       // > 0: clip_grad_norm(clip) before each step
+  int64_t pipeline = 0;    // OptimizerConfig::pipeline_chunk_bytes
   int steps = 4;
 };
 
@@ -107,6 +108,7 @@ std::vector<Words> train(const std::shared_ptr<Communicator>& comm, const Trial&
   config.stochastic_rounding = t.stochastic;
   config.rounding_seed = 7;
   config.bucket_bytes = 512;  // several buckets, and params cut across them
+  config.pipeline_chunk_bytes = t.pipeline;
   const std::size_t width = dtype_size(t.dtype);
   std::vector<std::vector<char>> params(kSizes.size()), grads(kSizes.size());
   std::vector<ParamGroupSpec> groups(2);
@@ -169,6 +171,7 @@ TEST_CASE("bf16/f16 N-rank runs equal 1-rank runs bitwise, stage 1 and 2", "[pre
           t.algorithm = stage == 1 ? Algorithm::adamw : Algorithm::sgd;
           t.stochastic = dtype != DType::f32 && storage == Storage::external;
           t.clip = partition == PartitionStrategy::flat ? 0.5 : 0.0;
+          t.pipeline = stage == 2 ? 200 : 0;  // 200 bytes: chunks of 96 (16-bit) or 48 (f32) elements
           CAPTURE(trial_name(t));
           const auto sharded = train(world(), t);
           const auto single = train(solo(), t);
@@ -183,7 +186,7 @@ TEST_CASE("bf16/f16 N-rank runs equal 1-rank runs bitwise, stage 1 and 2", "[pre
   }
 }
 
-TEST_CASE("stage 2 produces the bytes stage 1 produces", "[precision][stage2]") {
+TEST_CASE("stage 2 and the pipelined sync produce the bytes stage 1 produces", "[precision][stage2]") {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (Algorithm algorithm : {Algorithm::sgd, Algorithm::adam}) {
       Trial t;
@@ -192,6 +195,9 @@ TEST_CASE("stage 2 produces the bytes stage 1 produces", "[precision][stage2]") 
       t.clip = 1.0;
       CAPTURE(trial_name(t));
       const auto stage1 = train(world(), t);
+      Trial pipelined = t;
+      pipelined.pipeline = 64;
+      REQUIRE(train(world(), pipelined) == stage1);
       t.stage = 2;
       REQUIRE(train(world(), t) == stage1);
       t.storage = Storage::external;
