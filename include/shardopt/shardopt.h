@@ -205,7 +205,7 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->partition = SHARDOPT_PARTITION_FLAT;
   config->storage = SHARDOPT_STORAGE_BUCKET_VIEW;
   config->shard_state = 1;
-  config->bucket_bytes = (int64_t)64 << 20;
+  config->bucket_bytes = (int64_t)4 << 20;
   config->threads = 0;
   config->stage = 1;
   config->stochastic_rounding = 0;

@@ -400,7 +400,7 @@ NB_MODULE(_shardopt, m) {
             new (self) shardopt::OptimizerConfig{algorithm, partition, storage, shard_state, bucket_bytes, cpu_threads};
           },
           "algorithm"_a = shardopt::Algorithm::adam, "partition"_a = shardopt::PartitionStrategy::flat,
-          "storage"_a = shardopt::Storage::bucket_view, "shard_state"_a = true, "bucket_bytes"_a = int64_t{64} << 20,
+          "storage"_a = shardopt::Storage::bucket_view, "shard_state"_a = true, "bucket_bytes"_a = shardopt::OptimizerConfig{}.bucket_bytes,
           "cpu_threads"_a = 0)
       .def_rw("algorithm", &shardopt::OptimizerConfig::algorithm)
       .def_rw("partition", &shardopt::OptimizerConfig::partition)
