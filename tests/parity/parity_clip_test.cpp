@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include "golden_data.hpp"
+#include "golden_replay.hpp"
 #include "mpi/mpi_test_support.hpp"
 #include "shardopt/shardopt.hpp"
 
@@ -49,16 +50,6 @@ struct Run {
   std::string problems;   // every other failed check, one line each
   std::vector<float> record;  // everything that must be bitwise equal on every rank
 };
-
-// A view's data for reading/writing `numel` floats. Throwing (rather than a Catch REQUIRE) keeps
-// the ranks in lockstep: every rank sees the same layout, so every rank throws at the same call.
-float* floats_of(const TensorRef& view, std::size_t numel, const std::string& what) {
-  if (view.data == nullptr || view.numel != static_cast<int64_t>(numel) || view.dtype != DType::f32) {
-    throw std::runtime_error(fmt::format("{}: view has {} elements (data {}), expected {} f32", what,
-                                         view.numel, view.data == nullptr ? "null" : "set", numel));
-  }
-  return view.as<float>();
-}
 
 // Appends a double's bytes to a float record (the communicator moves f32 elements; a broadcast
 // copies bytes, so any bit pattern survives).
@@ -118,41 +109,10 @@ void check_norm(const GoldenClipCase& c, int k, double norm, const StepReport& r
 // Replays one case at this world size; see the top of the file for what is checked.
 Run replay(const GoldenClipCase& clip_case, PartitionStrategy partition, Storage storage) {
   const GoldenCase& c = clip_case.golden;
-  const bool external = storage == Storage::external;
-  OptimizerConfig config;
-  config.algorithm = c.algorithm;
-  config.partition = partition;
-  config.storage = storage;
-
-  // external: the trainer's own param and grad buffers. bucket_view: the initial values only.
-  std::vector<std::vector<float>> params(c.params.size()), grads(c.params.size());
-  std::vector<ParamGroupSpec> groups;
-  for (const auto& golden_group : c.groups) {
-    ParamGroupSpec spec;
-    spec.hyper = golden_group.hyper_per_step.front();
-    for (int index : golden_group.params) {
-      const std::size_t i = static_cast<std::size_t>(index);
-      const int64_t numel = static_cast<int64_t>(c.params[i].init.size());
-      params[i] = c.params[i].init;
-      ParamSpec p;
-      p.name = c.params[i].name;
-      p.param = TensorRef{params[i].data(), numel, DType::f32, Device::cpu()};
-      if (external) {
-        grads[i].assign(static_cast<std::size_t>(numel), 0.f);
-        p.grad = TensorRef{grads[i].data(), numel, DType::f32, Device::cpu()};
-      }
-      spec.params.push_back(p);
-    }
-    groups.push_back(std::move(spec));
-  }
-  ZeroOptimizer opt(shardopt_test::world(), config, std::move(groups));
-
-  std::vector<ParamId> ids;
-  for (const auto& p : c.params) ids.push_back(opt.find_param(p.name));
-  auto grad_of = [&](std::size_t i) -> float* {
-    return external ? grads[i].data()
-                    : floats_of(opt.grad_view(ids[i]), c.grads.front()[i].size(), "grad_view(" + c.params[i].name + ")");
-  };
+  shardopt_parity::GoldenReplay replay(c, partition, storage);
+  ZeroOptimizer& opt = *replay.opt;
+  const std::vector<ParamId>& ids = replay.ids;
+  auto grad_of = [&](std::size_t i) { return replay.grad(i, c.grads.front()[i].size(), c.params[i].name); };
 
   Run run;
   for (int k = 0; k < c.steps; ++k) {
@@ -190,10 +150,9 @@ Run replay(const GoldenClipCase& clip_case, PartitionStrategy partition, Storage
     record_double(run.record, report.clip_coef);
     for (std::size_t i = 0; i < c.params.size(); ++i) {
       const std::string& name = c.params[i].name;
-      const float* now = external ? params[i].data()
-                                  : floats_of(opt.param_view(ids[i]), params[i].size(), "param_view(" + name + ")");
+      const float* now = replay.param(i, name);
       run.cmp.add(fmt::format("step {} {}", k + 1, name), now, c.expected[step][i]);
-      run.record.insert(run.record.end(), now, now + params[i].size());
+      run.record.insert(run.record.end(), now, now + replay.params[i].size());
       if (opt.param_step(ids[i]) != k + 1) {
         run.problems += fmt::format("  after step {}: param_step({}) = {}\n", k + 1, name, opt.param_step(ids[i]));
       }
@@ -291,7 +250,7 @@ TEST_CASE("clip_grad_norm rejects an unsupported norm_type and a negative or NaN
   ZeroOptimizer opt(shardopt_test::world(), config, {group});
   const ParamId id = opt.find_param("w");
   const std::vector<float> grad = shardopt_test::seeded_values(8, 13, 10.f);
-  std::copy(grad.begin(), grad.end(), floats_of(opt.grad_view(id), grad.size(), "grad_view(w)"));
+  std::copy(grad.begin(), grad.end(), shardopt_parity::floats_of(opt.grad_view(id), grad.size(), "grad_view(w)"));
 
   struct Bad {
     double max_norm;
@@ -313,7 +272,7 @@ TEST_CASE("clip_grad_norm rejects an unsupported norm_type and a negative or NaN
   opt.step();
   CHECK(opt.last_step().grad_norm == -1.0);
   CHECK(opt.last_step().clip_coef == 1.0);
-  const float* w = floats_of(opt.param_view(id), init.size(), "param_view(w)");
+  const float* w = shardopt_parity::floats_of(opt.param_view(id), init.size(), "param_view(w)");
   std::vector<float> expected(init.size());
   for (std::size_t i = 0; i < init.size(); ++i) expected[i] = init[i] - 0.1f * grad[i];
   Comparison cmp;

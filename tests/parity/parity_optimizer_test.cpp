@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "golden_data.hpp"
+#include "golden_replay.hpp"
 #include "mpi/mpi_test_support.hpp"
 #include "shardopt/shardopt.hpp"
 
@@ -25,51 +26,14 @@ struct Run {
   std::string problems;  // API contract violations seen on the way (wrong step count, views)
 };
 
-// A view's data for reading/writing `numel` floats. Throwing (rather than a Catch REQUIRE) keeps
-// the ranks in lockstep: every rank sees the same layout, so every rank throws at the same call.
-float* floats_of(const TensorRef& view, std::size_t numel, const std::string& what) {
-  if (view.data == nullptr || view.numel != static_cast<int64_t>(numel) || view.dtype != DType::f32) {
-    throw std::runtime_error(fmt::format("{}: view has {} elements (data {}), expected {} f32", what,
-                                         view.numel, view.data == nullptr ? "null" : "set", numel));
-  }
-  return view.as<float>();
-}
-
 // Feeds the golden gradients to ZeroOptimizer (identical on every rank, so no reduce_gradients),
 // applies each step's hyperparameters as a scheduler would, and compares every param after every
 // step on this rank.
 Run replay(const GoldenCase& c, PartitionStrategy partition, Storage storage) {
-  const bool external = storage == Storage::external;
-  OptimizerConfig config;
-  config.algorithm = c.algorithm;
-  config.partition = partition;
-  config.storage = storage;
-
-  // external: the trainer's own param and grad buffers. bucket_view: the initial values only.
-  std::vector<std::vector<float>> params(c.params.size()), grads(c.params.size());
-  std::vector<ParamGroupSpec> groups;
-  for (const auto& golden_group : c.groups) {
-    ParamGroupSpec spec;
-    spec.hyper = golden_group.hyper_per_step.front();
-    for (int index : golden_group.params) {
-      const std::size_t i = static_cast<std::size_t>(index);
-      const int64_t numel = static_cast<int64_t>(c.params[i].init.size());
-      params[i] = c.params[i].init;
-      ParamSpec p;
-      p.name = c.params[i].name;
-      p.param = TensorRef{params[i].data(), numel, DType::f32, Device::cpu()};
-      if (external) {
-        grads[i].assign(static_cast<std::size_t>(numel), 0.f);
-        p.grad = TensorRef{grads[i].data(), numel, DType::f32, Device::cpu()};
-      }
-      spec.params.push_back(p);
-    }
-    groups.push_back(std::move(spec));
-  }
-  ZeroOptimizer opt(shardopt_test::world(), config, std::move(groups));
-
-  std::vector<ParamId> ids;
-  for (const auto& p : c.params) ids.push_back(opt.find_param(p.name));
+  shardopt_parity::GoldenReplay replay(c, partition, storage);
+  ZeroOptimizer& opt = *replay.opt;
+  const std::vector<ParamId>& ids = replay.ids;
+  const bool external = replay.external;
 
   Run run;
   for (int k = 0; k < c.steps; ++k) {
@@ -79,20 +43,17 @@ Run replay(const GoldenCase& c, PartitionStrategy partition, Storage storage) {
     }
     for (std::size_t i = 0; i < c.params.size(); ++i) {
       const std::vector<float>& g = c.grads[step][i];
-      float* dst = external ? grads[i].data()
-                            : floats_of(opt.grad_view(ids[i]), g.size(), "grad_view(" + c.params[i].name + ")");
-      std::copy(g.begin(), g.end(), dst);
+      std::copy(g.begin(), g.end(), replay.grad(i, g.size(), c.params[i].name));
     }
     opt.step();
     for (std::size_t i = 0; i < c.params.size(); ++i) {
       const std::string& name = c.params[i].name;
-      const float* now = external ? params[i].data()
-                                  : floats_of(opt.param_view(ids[i]), params[i].size(), "param_view(" + name + ")");
+      const float* now = replay.param(i, name);
       run.cmp.add(fmt::format("step {} {}", k + 1, name), now, c.expected[step][i]);
       if (opt.param_step(ids[i]) != k + 1) {
         run.problems += fmt::format("  after step {}: param_step({}) = {}\n", k + 1, name, opt.param_step(ids[i]));
       }
-      if (external && opt.param_view(ids[i]).data != params[i].data()) {
+      if (external && opt.param_view(ids[i]).data != replay.params[i].data()) {
         run.problems += fmt::format("  external storage: param_view({}) is not the caller's buffer\n", name);
       }
     }
