@@ -148,17 +148,22 @@ SHARDOPT_HOST_DEVICE uint16_t float_to_f16(float x) {
   return static_cast<uint16_t>(sign | select_u32(a > 0x7f800000u, quiet_nan, finite));
 }
 
-// Up with probability equal to the dropped fraction (to 2^-32 where over 32 bits are
-// dropped, i.e. |x| < 2^-32), so E[f16_to_float(result)] == x across the whole finite f16
-// range, subnormals included. |x| above the largest finite f16 (65504), inf and NaN take the
+// Up with probability equal to the dropped fraction, so E[f16_to_float(result)] == x across
+// the whole finite f16 range, subnormals included. The fraction is exact in 32 bits down to
+// |x| = 2^-32 and rounded down to a multiple of 2^-32 below that (0 below 2^-56): the bias
+// stays under 2^-56 in absolute value. |x| above the largest finite f16 (65504), inf and NaN take the
 // nearest-even result.
 SHARDOPT_HOST_DEVICE uint16_t float_to_f16_stochastic(float x, uint32_t random) {
   const uint32_t u = float_bits(x);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;
   const detail::F16Split split = detail::f16_split(a);
-  const uint32_t stochastic = sign | (split.truncated + (random < split.fraction ? 1u : 0u));
-  return a > 0x477fe000u ? float_to_f16(x) : static_cast<uint16_t>(stochastic);
+  const uint32_t stochastic = split.truncated + (random < split.fraction ? 1u : 0u);
+  // Past 65504 (0x477fe000), what nearest-even gives: 65504 below 65520, inf from there on.
+  const uint32_t beyond = a >= 0x477ff000u ? 0x7c00u : 0x7bffu;
+  const uint32_t finite = a > 0x477fe000u ? beyond : stochastic;
+  const uint32_t quiet_nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  return static_cast<uint16_t>(sign | (a > 0x7f800000u ? quiet_nan : finite));
 }
 
 // ---- counter-based random bits for stochastic rounding --------------------------------------------
@@ -197,9 +202,10 @@ SHARDOPT_HOST_DEVICE RoundingBlockKey rounding_block_key(uint32_t step_key, uint
   return RoundingBlockKey{inner, mix32(inner ^ 0xbb67ae85u)};
 }
 
-// Two keyed mixer rounds over the index's low word.
+// One keyed mixer round over the index's low word (the keys carry seed, step and the high
+// word): two 32-bit multiplies per element.
 SHARDOPT_HOST_DEVICE uint32_t rounding_random_in_block(const RoundingBlockKey& key, uint32_t index_low) {
-  return mix32(mix32(index_low ^ key.inner) ^ key.outer);
+  return mix32(index_low ^ key.inner) ^ key.outer;
 }
 
 SHARDOPT_HOST_DEVICE uint32_t rounding_random_keyed(uint32_t step_key, uint64_t index) {

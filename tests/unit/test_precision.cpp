@@ -335,6 +335,18 @@ TEST_CASE("rounding_random bits look uniform", "[precision][random]") {
     CAPTURE(b);
     REQUIRE(std::fabs(static_cast<double>(ones[b]) / n - 0.5) < 5 * se);
   }
+  // Neighbouring indices, and the same index at the next step, share about half their bits.
+  const auto agreement = [&](auto other) {
+    double agree = 0;
+    for (int i = 0; i < n; ++i) {
+      const uint32_t same = ~(rounding_random(2024, 1, static_cast<uint64_t>(i)) ^ other(static_cast<uint64_t>(i)));
+      agree += __builtin_popcount(same);
+    }
+    return agree / (32.0 * n);
+  };
+  const double se_bits = std::sqrt(0.25 / (32.0 * n));
+  REQUIRE(std::fabs(agreement([](uint64_t i) { return rounding_random(2024, 1, i + 1); }) - 0.5) < 5 * se_bits);
+  REQUIRE(std::fabs(agreement([](uint64_t i) { return rounding_random(2024, 2, i); }) - 0.5) < 5 * se_bits);
 }
 
 TEST_CASE("stochastic bf16 rounding is unbiased and reproducible", "[precision][random][bf16]") {
