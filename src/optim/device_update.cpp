@@ -42,21 +42,6 @@ void divide_device(void* x, DType dtype, int64_t n, float divisor, void* stream)
   kernels::divide_cuda(x, dtype, n, divisor, stream);
 }
 
-void sgd_update_device(float* param, const float* grad, float* momentum_buf, int64_t n,
-                       const kernels::SgdScalars& s, void* stream) {
-  kernels::sgd_update_cuda(param, grad, momentum_buf, n, s, stream);
-}
-
-void adam_update_device(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                        float* max_exp_avg_sq, int64_t n, const kernels::AdamScalars& s,
-                        void* stream) {
-  kernels::adam_update_cuda(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, stream);
-}
-
-void divide_device(float* x, int64_t n, float divisor, void* stream) {
-  kernels::divide_cuda(x, n, divisor, stream);
-}
-
 #else
 
 namespace {
@@ -80,15 +65,6 @@ void grad_stats_device(const void*, DType, int64_t, float, bool, double*, bool, 
 void widen_device(const void*, DType, float*, int64_t, void*) { no_cuda("widen_device"); }
 void narrow_device(const float*, void*, DType, int64_t, void*) { no_cuda("narrow_device"); }
 void divide_device(void*, DType, int64_t, float, void*) { no_cuda("divide_device"); }
-
-void sgd_update_device(float*, const float*, float*, int64_t, const kernels::SgdScalars&, void*) {
-  no_cuda("sgd_update_device");
-}
-void adam_update_device(float*, const float*, float*, float*, float*, int64_t,
-                        const kernels::AdamScalars&, void*) {
-  no_cuda("adam_update_device");
-}
-void divide_device(float*, int64_t, float, void*) { no_cuda("divide_device"); }
 
 #endif
 

@@ -33,14 +33,5 @@ void narrow_device(const float* src, void* dst, DType dtype, int64_t n, void* st
 // rounded as MPI's host path.
 void divide_device(void* x, DType dtype, int64_t n, float divisor, void* stream);
 
-// The float32 forms.
-void sgd_update_device(float* param, const float* grad, float* momentum_buf, int64_t n,
-                       const kernels::SgdScalars& s, void* stream);
-void adam_update_device(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                        float* max_exp_avg_sq, int64_t n, const kernels::AdamScalars& s,
-                        void* stream);
-// x[i] = x[i] / divisor: the average after a summing all-reduce, rounded as MPI's host path.
-void divide_device(float* x, int64_t n, float divisor, void* stream);
-
 }  // namespace optim
 }  // namespace shardopt
