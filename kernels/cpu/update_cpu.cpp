@@ -183,6 +183,44 @@ constexpr bool kHaveF16C = false;
 template <typename Format, bool kStochastic>
 constexpr bool kStagedF16 = kHaveF16C && std::is_same<Format, F16Format>::value && !kStochastic;
 
+// One stretch of an update call that a rule loop runs over: `n` elements from `offset`, with
+// the loop's element format (the stored one, or floats staged through F16C) and rounding key.
+template <typename PieceFormat, bool kPieceStochastic>
+struct UpdatePiece {
+  using Format = PieceFormat;
+  static constexpr bool kStochastic = kPieceStochastic;
+  typename PieceFormat::Storage* param;
+  const typename PieceFormat::Storage* grad;
+  float* master;
+  int64_t offset;
+  int64_t n;
+  RoundingBlockKey key;
+  uint32_t index_low;
+};
+
+// Walks [begin, end) of one update call in the pieces a rule loop takes, calling
+// loop(UpdatePiece): f16 with nearest-even rounding in F16C-staged blocks where available,
+// otherwise in pieces whose rounding indices share their high 32 bits.
+template <typename Format, bool kStochastic, typename Loop>
+void for_each_update_piece(const UpdateTensors& t, int64_t begin, int64_t end, uint64_t first_index,
+                           uint32_t step_key, const Loop& loop) {
+  using Storage = typename Format::Storage;
+  Storage* param = static_cast<Storage*>(t.param);
+  const Storage* grad = static_cast<const Storage*>(t.grad);
+#if defined(__F16C__)
+  if constexpr (kStagedF16<Format, kStochastic>) {
+    f16_staged(param, grad, begin, end, [&](float* values, const float* grads, int64_t b, int64_t n) {
+      loop(UpdatePiece<F32StagedFormat, false>{values, grads, t.master + b, b, n, RoundingBlockKey{0u, 0u}, 0u});
+    });
+    return;
+  }
+#endif
+  for_each_index_block(first_index, begin, end, [&](int64_t b, int64_t e, uint32_t high, uint32_t low) {
+    const RoundingBlockKey key = kStochastic ? rounding_block_key(step_key, high) : RoundingBlockKey{0u, 0u};
+    loop(UpdatePiece<Format, kStochastic>{param + b, grad + b, offset_or_null(t.master, b), b, e - b, key, low});
+  });
+}
+
 // ---- SGD -----------------------------------------------------------------------------------------
 
 // Momentum modes: what the momentum buffer does, with nesterov only where there is one.
@@ -239,33 +277,15 @@ void sgd_loop(typename Format::Storage* __restrict param,
 template <typename Format, bool kStochastic, bool kTransform>
 void sgd_range(const UpdateTensors& t, float* buf, int64_t begin, int64_t end, const SgdScalars& s,
                const GradTransform& gt, uint64_t first_index, uint32_t step_key) {
-  using Storage = typename Format::Storage;
-  Storage* param = static_cast<Storage*>(t.param);
-  const Storage* grad = static_cast<const Storage*>(t.grad);
-#if defined(__F16C__)
-  if constexpr (kStagedF16<Format, kStochastic>) {
-    f16_staged(param, grad, begin, end, [&](float* values, const float* grads, int64_t b, int64_t n) {
-      with_flag(s.maximize, [&](auto maximize) {
-        with_flag(s.weight_decay != 0.f, [&](auto decay) {
-          with_sgd_mode(s, [&](auto mode) {
-            sgd_loop<F32StagedFormat, false, kTransform, decltype(maximize)::value, decltype(decay)::value,
-                     decltype(mode)::value>(values, grads, t.master + b, offset_or_null(buf, b), n, s, gt,
-                                            RoundingBlockKey{0u, 0u}, 0u);
-          });
-        });
-      });
-    });
-    return;
-  }
-#endif
-  for_each_index_block(first_index, begin, end, [&](int64_t b, int64_t e, uint32_t high, uint32_t low) {
-    const RoundingBlockKey key = kStochastic ? rounding_block_key(step_key, high) : RoundingBlockKey{0u, 0u};
+  for_each_update_piece<Format, kStochastic>(t, begin, end, first_index, step_key, [&](auto piece) {
+    using P = decltype(piece);
     with_flag(s.maximize, [&](auto maximize) {
       with_flag(s.weight_decay != 0.f, [&](auto decay) {
         with_sgd_mode(s, [&](auto mode) {
-          sgd_loop<Format, kStochastic, kTransform, decltype(maximize)::value, decltype(decay)::value,
-                   decltype(mode)::value>(param + b, grad + b, offset_or_null(t.master, b),
-                                          offset_or_null(buf, b), e - b, s, gt, key, low);
+          sgd_loop<typename P::Format, P::kStochastic, kTransform, decltype(maximize)::value,
+                   decltype(decay)::value, decltype(mode)::value>(piece.param, piece.grad, piece.master,
+                                                                  offset_or_null(buf, piece.offset), piece.n,
+                                                                  s, gt, piece.key, piece.index_low);
         });
       });
     });
@@ -323,33 +343,16 @@ template <typename Format, bool kStochastic, bool kTransform>
 void adam_range(const UpdateTensors& t, float* m, float* v, float* vmax, int64_t begin,
                 int64_t end, const AdamScalars& s, const GradTransform& gt, uint64_t first_index,
                 uint32_t step_key) {
-  using Storage = typename Format::Storage;
-  Storage* param = static_cast<Storage*>(t.param);
-  const Storage* grad = static_cast<const Storage*>(t.grad);
-#if defined(__F16C__)
-  if constexpr (kStagedF16<Format, kStochastic>) {
-    f16_staged(param, grad, begin, end, [&](float* values, const float* grads, int64_t b, int64_t n) {
-      with_flag(s.maximize, [&](auto maximize) {
-        with_decay_mode(s, [&](auto decay) {
-          with_flag(s.amsgrad, [&](auto amsgrad) {
-            adam_loop<F32StagedFormat, false, kTransform, decltype(maximize)::value, decltype(decay)::value,
-                      decltype(amsgrad)::value>(values, grads, t.master + b, m + b, v + b, offset_or_null(vmax, b),
-                                                n, s, gt, RoundingBlockKey{0u, 0u}, 0u);
-          });
-        });
-      });
-    });
-    return;
-  }
-#endif
-  for_each_index_block(first_index, begin, end, [&](int64_t b, int64_t e, uint32_t high, uint32_t low) {
-    const RoundingBlockKey key = kStochastic ? rounding_block_key(step_key, high) : RoundingBlockKey{0u, 0u};
+  for_each_update_piece<Format, kStochastic>(t, begin, end, first_index, step_key, [&](auto piece) {
+    using P = decltype(piece);
+    const int64_t b = piece.offset;
     with_flag(s.maximize, [&](auto maximize) {
       with_decay_mode(s, [&](auto decay) {
         with_flag(s.amsgrad, [&](auto amsgrad) {
-          adam_loop<Format, kStochastic, kTransform, decltype(maximize)::value, decltype(decay)::value,
-                    decltype(amsgrad)::value>(param + b, grad + b, offset_or_null(t.master, b), m + b,
-                                              v + b, offset_or_null(vmax, b), e - b, s, gt, key, low);
+          adam_loop<typename P::Format, P::kStochastic, kTransform, decltype(maximize)::value,
+                    decltype(decay)::value, decltype(amsgrad)::value>(piece.param, piece.grad, piece.master,
+                                                                      m + b, v + b, offset_or_null(vmax, b),
+                                                                      piece.n, s, gt, piece.key, piece.index_low);
         });
       });
     });
