@@ -274,8 +274,13 @@ void grad_stats_cuda(const void* grad, DType dtype, int64_t n, float unscale, bo
              "grad_stats_cuda: kernel launch");
 }
 
-void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* stream) {
-  const char* op = "widen_cuda";
+namespace {
+
+// widen_cuda / narrow_cuda: the same checks, an f32 copy, or one conversion launch over a plan
+// of the two element sizes (f32 on the `kind`'s wide side).
+template <typename Launch>
+void convert_cuda(const char* op, ConvertKind kind, const void* src, void* dst, DType dtype, int64_t n,
+                  void* stream, const Launch& launch) {
   SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   check_dtype(dtype, op);
   if (n == 0) return;
@@ -284,32 +289,27 @@ void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* strea
   if (dtype == DType::f32) {
     check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
                                cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
-               "widen_cuda: cudaMemcpyAsync");
+               fmt::format("{}: cudaMemcpyAsync", op).c_str());
     return;
   }
-  const VectorPlan plan = plan_typed(n, src, static_cast<int>(dtype_size(dtype)), dst, sizeof(float));
-  const GridShape grid = convert_grid(plan, ConvertKind::widen, dtype, "widen_cuda: occupancy");
-  check_cuda(static_cast<cudaError_t>(launch_widen(src, dtype, dst, plan, grid, stream)),
-             "widen_cuda: kernel launch");
+  const int narrow_bytes = static_cast<int>(dtype_size(dtype));
+  const int wide_bytes = static_cast<int>(sizeof(float));
+  const VectorPlan plan = kind == ConvertKind::widen ? plan_typed(n, src, narrow_bytes, dst, wide_bytes)
+                                                     : plan_typed(n, src, wide_bytes, dst, narrow_bytes);
+  const GridShape grid = convert_grid(plan, kind, dtype, fmt::format("{}: occupancy", op).c_str());
+  check_cuda(static_cast<cudaError_t>(launch(plan, grid)), fmt::format("{}: kernel launch", op).c_str());
+}
+
+}  // namespace
+
+void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* stream) {
+  convert_cuda("widen_cuda", ConvertKind::widen, src, dst, dtype, n, stream,
+               [&](const VectorPlan& plan, const GridShape& grid) { return launch_widen(src, dtype, dst, plan, grid, stream); });
 }
 
 void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stream) {
-  const char* op = "narrow_cuda";
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
-  check_dtype(dtype, op);
-  if (n == 0) return;
-  check_span(src, n, op, "src");
-  check_span(dst, n, op, "dst");
-  if (dtype == DType::f32) {
-    check_cuda(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
-                               cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
-               "narrow_cuda: cudaMemcpyAsync");
-    return;
-  }
-  const VectorPlan plan = plan_typed(n, src, sizeof(float), dst, static_cast<int>(dtype_size(dtype)));
-  const GridShape grid = convert_grid(plan, ConvertKind::narrow, dtype, "narrow_cuda: occupancy");
-  check_cuda(static_cast<cudaError_t>(launch_narrow(src, dst, dtype, plan, grid, stream)),
-             "narrow_cuda: kernel launch");
+  convert_cuda("narrow_cuda", ConvertKind::narrow, src, dst, dtype, n, stream,
+               [&](const VectorPlan& plan, const GridShape& grid) { return launch_narrow(src, dst, dtype, plan, grid, stream); });
 }
 
 void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream) {
