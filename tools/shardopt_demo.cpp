@@ -790,12 +790,10 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   const shardopt::MemoryReport memory = opt.memory_report();
   if (options.verbose && rank == 0) {
     std::printf("memory: state_bytes=%" PRId64 " master_bytes=%" PRId64 " param_bytes=%" PRId64
-                " grad_bytes=%" PRId64 " buffer_bytes=%" PRId64 " param_buffer_bytes=%" PRId64
-                " grad_buffer_bytes=%" PRId64 " shard_numel=%" PRId64 " trainable_numel=%" PRId64
+                " grad_bytes=%" PRId64 " buffer_bytes=%" PRId64 " shard_numel=%" PRId64 " trainable_numel=%" PRId64
                 " skipped_steps=%" PRId64 " (mode=%s, rank 0)\n",
                 memory.state_bytes, memory.master_bytes, memory.param_bytes, memory.grad_bytes,
-                memory.buffer_bytes, memory.param_buffer_bytes, memory.grad_buffer_bytes,
-                memory.shard_numel, memory.trainable_numel, opt.last_step().skipped_steps, mode_name);
+                memory.buffer_bytes, memory.shard_numel, memory.trainable_numel, opt.last_step().skipped_steps, mode_name);
   }
   ModeResult result;
   result.params = total_numel;

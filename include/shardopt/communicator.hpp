@@ -48,7 +48,12 @@ class SHARDOPT_API Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual Device device() const = 0;
-  virtual const char* backend_name() const = 0;
+  virtual const char* backend_name() const = 0;  // for messages and logs only
+  // Whether collectives accept buffers in CUDA device memory (NCCL; a CUDA-aware MPI).
+  virtual bool cuda_aware() const { return false; }
+  // The cudaStream_t (as void*) on which this communicator runs its collectives, ordered with
+  // other work on that stream (NCCL); null when collectives run on the host's timeline.
+  virtual void* cuda_stream() const { return nullptr; }
 
   virtual void broadcast(void* buffer, int64_t count, DType dtype, int root) = 0;
   // Rank r's `count` elements land at recv + r*count. In place when send == recv + rank*count.

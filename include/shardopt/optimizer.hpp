@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,10 @@ enum class Storage : int32_t {
 SHARDOPT_API const char* algorithm_name(Algorithm algorithm);
 SHARDOPT_API const char* partition_name(PartitionStrategy partition);
 
-// Per-group hyperparameters, with torch.optim's names and defaults. Changeable between steps.
+// Per-group hyperparameters, with torch.optim's names. Changeable between steps; every rank
+// must hold the same values when it steps (checked at each step, Error(mismatch) otherwise).
+// A default-constructed Hyperparams holds torch's Adam/SGD defaults; default_hyperparams()
+// gives each algorithm's own (AdamW's weight_decay is 1e-2).
 struct Hyperparams {
   double lr = 1e-3;
   double beta1 = 0.9;   // Adam/AdamW
@@ -35,6 +39,23 @@ struct Hyperparams {
   bool nesterov = false;
   bool maximize = false;
   bool amsgrad = false;
+};
+
+// torch.optim's constructor defaults for `algorithm` (SGD and Adam: Hyperparams{}; AdamW:
+// weight_decay 1e-2).
+SHARDOPT_API Hyperparams default_hyperparams(Algorithm algorithm);
+
+// The hyperparameters a param group sets itself, as the keys of one of torch's param-group
+// dicts: a field left unset takes the optimizer's defaults (OptimizerConfig::defaults), at
+// construction and in add_param_group. A full Hyperparams converts to one with every field set.
+struct GroupHyperparams {
+  std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum, dampening;
+  std::optional<bool> nesterov, maximize, amsgrad;
+
+  GroupHyperparams() = default;
+  GroupHyperparams(const Hyperparams& all);  // NOLINT(google-explicit-constructor): every field set
+  // The set fields over `defaults`.
+  Hyperparams resolve(const Hyperparams& defaults) const;
 };
 
 // Dynamic loss scaling for f16 gradients, with torch.cuda.amp.GradScaler's parameters and rules:
@@ -78,7 +99,13 @@ struct OptimizerConfig {
   bool stochastic_rounding = false;
   uint64_t rounding_seed = 0;
   LossScaling loss_scaling;
+  // The optimizer-level hyperparameters (torch's `defaults`): what a group's unset fields take,
+  // at construction and in add_param_group. Unset: default_hyperparams(algorithm).
+  std::optional<Hyperparams> defaults;
 };
+// Every field of OptimizerConfig must be the same on every rank except cpu_threads (a local
+// tuning that never changes results); the constructor checks, raising Error(mismatch) on every
+// rank naming the field, its values and the ranks.
 
 // Parameters live on the CPU or on one CUDA device (Device::cuda(i)), the same for all of an
 // optimizer's parameters: with a nccl communicator its device(); with the MPI communicator any
@@ -97,7 +124,7 @@ struct ParamSpec {
 
 struct ParamGroupSpec {
   std::vector<ParamSpec> params;
-  Hyperparams hyper;
+  GroupHyperparams hyper;  // unset fields: the optimizer's defaults
 };
 
 using ParamId = int32_t;  // registration order across all groups, as torch's global index
@@ -110,8 +137,6 @@ struct MemoryReport {
   int64_t param_bytes = 0;         // parameters shardopt owns (bucket view: the flat buffer)
   int64_t grad_bytes = 0;          // gradients shardopt owns (stage 2: this rank's shard only)
   int64_t buffer_bytes = 0;        // staging for the sync and the gradient reduction
-  int64_t param_buffer_bytes = 0;  // param_bytes plus the sync staging (kept for older callers)
-  int64_t grad_buffer_bytes = 0;   // grad_bytes plus the reduce staging (kept for older callers)
   int64_t shard_numel = 0;         // elements this rank updates
   int64_t trainable_numel = 0;     // trainable elements over all ranks
 };
@@ -125,39 +150,52 @@ struct StepReport {
   int64_t skipped_steps = 0;     // skipped steps since construction
 };
 
+// Every collective call (the constructor, add_param_group, set_trainable, reduce_gradients,
+// clip_grad_norm, step, save, load, consolidate_state_dict, load_state_dict) starts with one
+// small agreement among the ranks: ranks in different calls, with different arguments or
+// hyperparameters, or with an invalid value on any one of them all raise the same Error on
+// every rank (mismatch, naming the operation or field, the values and the ranks; or the
+// invalid value's own error) instead of hanging or diverging. Getters never communicate.
 class SHARDOPT_API ZeroOptimizer {
  public:
-  // Collective over `comm`: every rank must register the same params (names, numels, dtypes,
-  // groups) in the same order; a mismatch raises Error(mismatch) naming the first differing
-  // parameter on every rank.
+  // Collective over `comm`: every rank must pass the same config and register the same params
+  // (names, numels, dtypes, groups, hyperparameters) in the same order; a mismatch raises
+  // Error(mismatch) naming the first differing config field or parameter on every rank.
   ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig config,
                 std::vector<ParamGroupSpec> groups);
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  // Collective. Earlier params keep their ids, state and (sorted_greedy) owners.
+  // Collective. Earlier params keep their ids, state and (sorted_greedy) owners. The group's
+  // unset hyperparameters take the optimizer's defaults().
   int add_param_group(ParamGroupSpec group);
-  // Same call on every rank. Frozen params are not updated and hold no state; the layout is
-  // rebuilt at the next step (bucket views move: call param_view/grad_view again).
+  // Collective: the same call on every rank. Frozen params are not updated and hold no state.
+  // The layout is rebuilt here (bucket views move: call param_view/grad_view again).
   void set_trainable(ParamId id, bool trainable);
   bool trainable(ParamId id) const;
 
   int num_groups() const;
   int num_params() const;
+  // A group's hyperparameters, to read or change between steps. The reference stays valid for
+  // the optimizer's lifetime (add_param_group does not move earlier groups).
   Hyperparams& hyperparams(int group);
   const Hyperparams& hyperparams(int group) const;
+  // The optimizer-level defaults (torch's `defaults`).
+  const Hyperparams& defaults() const;
   ParamId find_param(const std::string& name) const;  // Error(invalid_argument) if absent
   const std::string& param_name(ParamId id) const;
   int param_group(ParamId id) const;
   int64_t param_step(ParamId id) const;  // optimizer steps this param has taken
-  // Rank that updates this param (sorted_greedy); -1 if it straddles ranks or is frozen.
+  // Rank a param is assigned to: sorted_greedy (torch's assignment, frozen params included;
+  // a frozen param is never updated); flat: the rank holding all of it, -1 if it straddles
+  // ranks or is frozen; -1 without sharding.
   int param_owner(ParamId id) const;
 
   // bucket_view: views into shardopt's flat buffers; external: the caller's buffers.
   TensorRef param_view(ParamId id) const;
   TensorRef grad_view(ParamId id) const;
-  uint64_t layout_version() const;  // bumps whenever views may have moved
+  uint64_t layout_version() const;  // bumps whenever views may have moved (collective calls only)
 
   void zero_grad();
   // Averages gradients over the ranks, for trainers without their own DDP. Stage 1: a bucketed

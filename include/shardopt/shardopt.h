@@ -294,8 +294,8 @@ static inline void shardopt_param_group_desc_init(shardopt_param_group_desc* des
 typedef struct shardopt_memory_report {
   size_t struct_size;
   int64_t state_bytes;        /* optimizer state (exp_avg, exp_avg_sq, momentum, ...) */
-  int64_t param_buffer_bytes; /* param_bytes plus the parameter sync's staging */
-  int64_t grad_buffer_bytes;  /* grad_bytes plus the gradient reduction's staging */
+  int64_t param_buffer_bytes; /* the first header's totals: param_bytes */
+  int64_t grad_buffer_bytes;  /* and grad_bytes + buffer_bytes (all staging) */
   int64_t shard_numel;        /* elements this rank updates */
   int64_t trainable_numel;    /* trainable elements over all ranks */
   /* ---- appended later: the size of the earlier struct (through trainable_numel) is still

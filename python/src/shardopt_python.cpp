@@ -425,8 +425,6 @@ NB_MODULE(_shardopt, m) {
 
   nb::class_<shardopt::MemoryReport>(m, "MemoryReport")
       .def_ro("state_bytes", &shardopt::MemoryReport::state_bytes)
-      .def_ro("param_buffer_bytes", &shardopt::MemoryReport::param_buffer_bytes)
-      .def_ro("grad_buffer_bytes", &shardopt::MemoryReport::grad_buffer_bytes)
       .def_ro("shard_numel", &shardopt::MemoryReport::shard_numel)
       .def_ro("trainable_numel", &shardopt::MemoryReport::trainable_numel);
 

@@ -496,8 +496,10 @@ shardopt_status shardopt_optimizer_memory_report(shardopt_optimizer_t opt, shard
     check_struct(out, "out", "shardopt_memory_report");
     const shardopt::MemoryReport report = o.opt->memory_report();
     out->state_bytes = report.state_bytes;
-    out->param_buffer_bytes = report.param_buffer_bytes;
-    out->grad_buffer_bytes = report.grad_buffer_bytes;
+    // The first header's two totals, kept in the struct for its callers: all staging is
+    // counted with the gradients, so the two still add up to every byte held but state.
+    out->param_buffer_bytes = report.param_bytes;
+    out->grad_buffer_bytes = report.grad_bytes + report.buffer_bytes;
     out->shard_numel = report.shard_numel;
     out->trainable_numel = report.trainable_numel;
     // An earlier header's struct ends here: writing on would overrun the caller's memory.

@@ -77,8 +77,8 @@ struct PreparedLoad {
   checkpoint::Manifest manifest;
   std::array<bool, optim::kStateKinds> kinds{};
   int64_t shard_numel = 0;
-  std::array<optim::FlatBuffer, optim::kStateKinds> state;
-  optim::FlatBuffer params;  // this rank's shard of the parameter values
+  std::array<core::FlatBuffer, optim::kStateKinds> state;
+  core::FlatBuffer params;  // this rank's shard of the parameter values
   std::vector<std::vector<float>> frozen;  // per param; empty for trainable ones
 };
 

@@ -79,7 +79,7 @@ void ZeroOptimizer::consolidate_state_dict(int to) {
     for (int r = 0; r < im.world(); ++r) {
       const partition::RankShard& shard = im.layout.shards[static_cast<std::size_t>(r)];
       if (shard.numel == 0) continue;
-      optim::FlatBuffer buffer(shard.numel);
+      core::FlatBuffer buffer(shard.numel);
       if (r == im.rank() && im.state[k].numel() == shard.numel) {
         std::memcpy(buffer.data(), im.state[k].data(), static_cast<std::size_t>(buffer.bytes()));
       }

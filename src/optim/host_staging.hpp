@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "optim/flat_buffer.hpp"
+#include "core/flat_buffer.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt {
@@ -57,7 +57,7 @@ class HostStagedCommunicator final : public Communicator {
   Communicator& inner_;
   Device device_;
   void* stream_;
-  FlatBuffer scratch_;
+  core::FlatBuffer scratch_;
 };
 
 }  // namespace optim

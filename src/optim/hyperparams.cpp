@@ -42,4 +42,31 @@ void validate_hyperparams(const Hyperparams& hyper, Algorithm algorithm, int gro
 }
 
 }  // namespace optim
+
+Hyperparams default_hyperparams(Algorithm algorithm) {
+  Hyperparams h;
+  if (algorithm == Algorithm::adamw) h.weight_decay = 1e-2;  // torch.optim.AdamW's default
+  return h;
+}
+
+GroupHyperparams::GroupHyperparams(const Hyperparams& all)
+    : lr(all.lr), beta1(all.beta1), beta2(all.beta2), eps(all.eps), weight_decay(all.weight_decay),
+      momentum(all.momentum), dampening(all.dampening), nesterov(all.nesterov), maximize(all.maximize),
+      amsgrad(all.amsgrad) {}
+
+Hyperparams GroupHyperparams::resolve(const Hyperparams& defaults) const {
+  Hyperparams h;
+  h.lr = lr.value_or(defaults.lr);
+  h.beta1 = beta1.value_or(defaults.beta1);
+  h.beta2 = beta2.value_or(defaults.beta2);
+  h.eps = eps.value_or(defaults.eps);
+  h.weight_decay = weight_decay.value_or(defaults.weight_decay);
+  h.momentum = momentum.value_or(defaults.momentum);
+  h.dampening = dampening.value_or(defaults.dampening);
+  h.nesterov = nesterov.value_or(defaults.nesterov);
+  h.maximize = maximize.value_or(defaults.maximize);
+  h.amsgrad = amsgrad.value_or(defaults.amsgrad);
+  return h;
+}
+
 }  // namespace shardopt

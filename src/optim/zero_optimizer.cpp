@@ -48,6 +48,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
   }
   impl_->comm = std::move(comm);
   impl_->config = config;
+  impl_->defaults = config.defaults.value_or(default_hyperparams(config.algorithm));
   impl_->scale = config.loss_scaling.enabled ? config.loss_scaling.init_scale : 1.0;
   impl_->attach_device_communicator();
   impl_->register_groups(groups, "ZeroOptimizer");
@@ -82,6 +83,8 @@ Hyperparams& ZeroOptimizer::hyperparams(int group) {
 const Hyperparams& ZeroOptimizer::hyperparams(int group) const {
   return const_cast<ZeroOptimizer*>(this)->hyperparams(group);
 }
+
+const Hyperparams& ZeroOptimizer::defaults() const { return impl_->defaults; }
 
 ParamId ZeroOptimizer::find_param(const std::string& name) const {
   for (std::size_t i = 0; i < impl_->params.size(); ++i) {
@@ -171,10 +174,8 @@ MemoryReport ZeroOptimizer::memory_report() const {
   report.param_bytes = impl_->flat_params.bytes();
   report.grad_bytes = impl_->flat_grads.bytes() + impl_->shard_grads.bytes();
   int64_t bucket_bytes = 0;
-  for (const optim::FlatBuffer& b : impl_->bucket_staging) bucket_bytes += b.bytes();
+  for (const core::FlatBuffer& b : impl_->bucket_staging) bucket_bytes += b.bytes();
   report.buffer_bytes = impl_->sync_staging.bytes() + impl_->grad_staging.bytes() + bucket_bytes;
-  report.param_buffer_bytes = report.param_bytes + impl_->sync_staging.bytes();
-  report.grad_buffer_bytes = report.grad_bytes + impl_->grad_staging.bytes() + bucket_bytes;
   report.shard_numel = impl_->own_shard().numel;
   report.trainable_numel = impl_->layout.trainable_numel;
   return report;

@@ -24,7 +24,7 @@
 #include "cpu/update_cpu.hpp"
 #include "optim/device_update.hpp"
 #include "optim/fingerprint.hpp"
-#include "optim/flat_buffer.hpp"
+#include "core/flat_buffer.hpp"
 #include "optim/host_staging.hpp"
 #include "optim/state_kinds.hpp"
 #include "optim/hyperparams.hpp"
@@ -106,6 +106,7 @@ struct ZeroOptimizer::Impl {
   // agreement) go through this staging view of it.
   std::unique_ptr<optim::HostStagedCommunicator> host_staging;
   std::vector<Hyperparams> groups;
+  Hyperparams defaults;
   std::vector<optim::ParamRecord> params;
   partition::Layout layout;
   bool has_layout = false;
@@ -115,21 +116,21 @@ struct ZeroOptimizer::Impl {
   // The parameters' (and gradients') dtype, shared by all of them: fixed by the first one.
   DType dtype = DType::f32;
 
-  std::array<optim::FlatBuffer, optim::kStateKinds> state;  // f32, over this rank's shard
+  std::array<core::FlatBuffer, optim::kStateKinds> state;  // f32, over this rank's shard
 
   // Which state kinds exist: the same on every rank, even where a shard is empty.
   std::array<bool, optim::kStateKinds> state_in_use{};
   // In `dtype`:
-  optim::FlatBuffer flat_params;   // bucket view: trainable shards then frozen params
-  optim::FlatBuffer flat_grads;    // bucket view, stage 1: same offsets as flat_params
-  optim::FlatBuffer sync_staging;  // external: the rank-ordered shards, for the param sync
-  optim::FlatBuffer grad_staging;  // external, stage 1: one bucket for reduce_gradients
-  optim::FlatBuffer shard_grads;   // stage 2: this rank's shard of the averaged gradients
+  core::FlatBuffer flat_params;   // bucket view: trainable shards then frozen params
+  core::FlatBuffer flat_grads;    // bucket view, stage 1: same offsets as flat_params
+  core::FlatBuffer sync_staging;  // external: the rank-ordered shards, for the param sync
+  core::FlatBuffer grad_staging;  // external, stage 1: one bucket for reduce_gradients
+  core::FlatBuffer shard_grads;   // stage 2: this rank's shard of the averaged gradients
 
   // Stage 2's gradient round: buckets over the layout's positions, filled by reduce_gradient()
   // (or from the caller's buffers), each reduced to its owners once complete.
   std::vector<optim::GradBucket> grad_buckets;
-  std::vector<optim::FlatBuffer> bucket_staging;  // a pool: at most kBucketsInFlight + open ones
+  std::vector<core::FlatBuffer> bucket_staging;  // a pool: at most kBucketsInFlight + open ones
   std::vector<bool> staging_busy;
   std::vector<int> buckets_in_flight;  // issued, not yet waited for, oldest first
   std::vector<bool> handed;            // per param, this round
@@ -145,7 +146,7 @@ struct ZeroOptimizer::Impl {
   bool nonfinite_known = false;  // clip_grad_norm() already checked the gradients
   bool nonfinite = false;
   StepReport report;
-  optim::FlatBuffer stats_scratch;  // on a device: two doubles of gradient statistics
+  core::FlatBuffer stats_scratch;  // on a device: two doubles of gradient statistics
   std::vector<int64_t> view_offset;  // bucket view: each param's place in flat_params
   std::vector<optim::UpdateRun> runs;
   // consolidate_state_dict(to)'s result, on rank `to` only (src/checkpoint).
@@ -277,8 +278,8 @@ struct ZeroOptimizer::Impl {
     host_driven_device_comm = world() > 1;
   }
 
-  optim::FlatBuffer new_buffer(int64_t numel, DType element_type = DType::f32) const {
-    optim::FlatBuffer buffer(device, stream, element_type);
+  core::FlatBuffer new_buffer(int64_t numel, DType element_type = DType::f32) const {
+    core::FlatBuffer buffer(device, stream, element_type);
     buffer.resize(numel);
     return buffer;
   }
@@ -317,7 +318,7 @@ struct ZeroOptimizer::Impl {
   // Checks one group locally and turns its specs into records (not yet added).
   std::vector<optim::ParamRecord> records_for(const ParamGroupSpec& spec, int32_t group_index,
                                               DeviceChoice& choice) const {
-    optim::validate_hyperparams(spec.hyper, config.algorithm, group_index);
+    optim::validate_hyperparams(spec.hyper.resolve(defaults), config.algorithm, group_index);
     SHARDOPT_CHECK(!spec.params.empty(), invalid_argument,
                    "param group {} has an empty parameter list", group_index);
     std::vector<optim::ParamRecord> records;
@@ -390,7 +391,7 @@ struct ZeroOptimizer::Impl {
     optim::check_same_registration(host_comm(), signatures, what, local_error, local_code);
 
     const std::size_t first_new = params.size();
-    for (const ParamGroupSpec& spec : specs) groups.push_back(spec.hyper);
+    for (const ParamGroupSpec& spec : specs) groups.push_back(spec.hyper.resolve(defaults));
     int64_t next_index = params.empty() ? 0 : params.back().first_index + params.back().numel;
     for (optim::ParamRecord& r : added) {
       r.first_index = next_index;
@@ -422,7 +423,7 @@ struct ZeroOptimizer::Impl {
   // Moves each state element from its owner in `from` to its owner in `to`. Collective when
   // sharded: every old shard is broadcast once per state kind.
   void migrate_state(const partition::Layout& from, const partition::Layout& to,
-                     std::array<optim::FlatBuffer, optim::kStateKinds>& next) {
+                     std::array<core::FlatBuffer, optim::kStateKinds>& next) {
     // This rank's new pieces, by param.
     std::vector<std::vector<const partition::Segment*>> mine(params.size());
     for (const partition::Segment& s : to.shards[static_cast<std::size_t>(rank())].segments) {
@@ -431,7 +432,7 @@ struct ZeroOptimizer::Impl {
     const bool replicated = from.strategy == partition::Strategy::replicated;
     const int sources = replicated ? 1 : world();
     // One receive buffer for every broadcast (on a device, each allocation would cost a cudaFree).
-    optim::FlatBuffer incoming(device, stream);
+    core::FlatBuffer incoming(device, stream);
     int64_t largest = 0;
     for (const partition::RankShard& shard : from.shards) largest = std::max(largest, shard.numel);
     for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
@@ -473,7 +474,7 @@ struct ZeroOptimizer::Impl {
     const int64_t next_shard = next.shards[static_cast<std::size_t>(rank())].numel;
 
     // Every kind gets the device, even when empty: ensure_state_kinds() may allocate it later.
-    std::array<optim::FlatBuffer, optim::kStateKinds> next_state;
+    std::array<core::FlatBuffer, optim::kStateKinds> next_state;
     const auto needed = state_kinds_needed();
     for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
       next_state[k] = new_buffer(needed[k] ? next_shard : 0);
@@ -488,9 +489,9 @@ struct ZeroOptimizer::Impl {
         next_offset[i] = params[i].trainable ? next.param_offset[i] : tail;
         if (!params[i].trainable) tail += params[i].numel;
       }
-      optim::FlatBuffer next_params = new_buffer(tail, dtype);
+      core::FlatBuffer next_params = new_buffer(tail, dtype);
       // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient().
-      optim::FlatBuffer next_grads = new_buffer(stage2() ? 0 : tail, dtype);
+      core::FlatBuffer next_grads = new_buffer(stage2() ? 0 : tail, dtype);
       for (std::size_t i = 0; i < params.size(); ++i) {
         const std::size_t bytes = optim::span_bytes(params[i].numel, dtype);
         if (bytes == 0) continue;
@@ -1000,7 +1001,7 @@ struct ZeroOptimizer::Impl {
       buckets_in_flight.erase(buckets_in_flight.begin());
     }
     settle_before_collective();
-    const optim::FlatBuffer& staged = bucket_staging[static_cast<std::size_t>(b.slot)];
+    const core::FlatBuffer& staged = bucket_staging[static_cast<std::size_t>(b.slot)];
     for (int r = 0; r < world(); ++r) {
       const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
       const int64_t lo = std::max(b.begin, shard.offset);

@@ -41,7 +41,7 @@ std::unique_ptr<ZeroOptimizer> make_optimizer(std::shared_ptr<Communicator> comm
   std::vector<ParamGroupSpec> groups(2);
   groups[0].hyper = shardopt_test::busy_hyperparams(config.algorithm);
   groups[1].hyper = groups[0].hyper;
-  groups[1].hyper.lr *= 0.5;
+  groups[1].hyper.lr = *groups[1].hyper.lr * 0.5;
   groups[1].hyper.maximize = true;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     ParamSpec p;

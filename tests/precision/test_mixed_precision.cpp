@@ -124,7 +124,7 @@ std::vector<Words> train(const std::shared_ptr<Communicator>& comm, const Trial&
   }
   groups[0].hyper = busy_hyperparams(t.algorithm);
   groups[1].hyper = busy_hyperparams(t.algorithm);
-  groups[1].hyper.lr *= 0.5;
+  groups[1].hyper.lr = *groups[1].hyper.lr * 0.5;
   ZeroOptimizer opt(comm, config, groups);
 
   for (int step = 0; step < t.steps; ++step) {

@@ -1,4 +1,4 @@
-// src/optim/flat_buffer.hpp — an owned, 64-byte-aligned, zero-filled buffer of f32/bf16/f16 elements in host memory or on a CUDA device.
+// src/core/flat_buffer.hpp — an owned, 64-byte-aligned, zero-filled buffer of f32/bf16/f16 elements in host memory or on a CUDA device.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include "shardopt/types.hpp"
 
 namespace shardopt {
-namespace optim {
+namespace core {
 
 // Frees with the allocator that matches the memory's device. (A namespace-scope type: a
 // nested one with a default member initializer is not default-constructible inside its class.)
@@ -76,5 +76,5 @@ class FlatBuffer {
   int64_t numel_ = 0;
 };
 
-}  // namespace optim
+}  // namespace core
 }  // namespace shardopt
