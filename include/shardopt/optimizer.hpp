@@ -255,8 +255,10 @@ class SHARDOPT_API ZeroOptimizer {
   Communicator& communicator() const;
   const OptimizerConfig& config() const;
 
- private:
+  // The internals, defined inside the library (opaque here; named so its modules can pass it).
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

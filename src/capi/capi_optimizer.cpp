@@ -4,7 +4,7 @@
 #include <exception>
 
 #include "capi/boundary.hpp"
-#include "optim/fingerprint.hpp"
+#include "comm/agreement.hpp"
 #include "optim/hyperparams.hpp"
 
 namespace shardopt {
@@ -228,7 +228,10 @@ ParamGroupSpec group_from(const shardopt_param_group_desc* group, const std::str
   } catch (...) {
   }
   try {
-    optim::check_same_registration(comm, {}, what, message, error_code_from(status));
+    // The same agreement the call itself would have started with, carrying this failure.
+    comm::AgreementRecord record(what);
+    record.fail(Error(error_code_from(status), message));
+    comm::agree(comm, record);
   } catch (...) {
     // It rethrows this rank's own failure (or a communication error): report the original.
   }

@@ -1,49 +1,26 @@
-// src/checkpoint/collective.cpp — every rank's outcome of a phase, exchanged in fixed-size records.
+// src/checkpoint/collective.cpp — checkpoint phase outcomes carried by agreement records.
 #include "checkpoint/collective.hpp"
 
-#include <algorithm>
 #include <cstring>
 
-#include "comm/raw_collectives.hpp"
+#include "comm/agreement.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
 namespace checkpoint {
-namespace {
 
-// Long enough for two paths and a reason.
-constexpr std::size_t kTextBytes = 1000;
-
-struct Record {
-  uint64_t failed = 0;
-  uint64_t code = 0;
-  uint64_t value0 = 0;
-  uint64_t value1 = 0;
-  char text[kTextBytes] = {};
-};
-
-}  // namespace
-
-std::vector<Outcome> agree_on_outcomes(Communicator& comm, const Outcome& mine, const std::string& what) {
-  Record record;
-  record.failed = mine.ok ? 0 : 1;
-  record.code = static_cast<uint64_t>(mine.code);
-  record.value0 = mine.value0;
-  record.value1 = mine.value1;
-  const std::size_t n = std::min(mine.message.size(), kTextBytes - 1);
-  std::memcpy(record.text, mine.message.data(), n);
-
-  std::vector<Record> all = comm::all_gather_records(comm, record);
-
-  std::vector<Outcome> outcomes(all.size());
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    all[r].text[kTextBytes - 1] = '\0';
-    if (all[r].failed != 0) {
-      const std::string where = comm.size() > 1 ? fmt::format(" (on rank {})", r) : "";
-      throw Error(static_cast<ErrorCode>(all[r].code), fmt::format("{}: {}{}", what, all[r].text, where));
-    }
-    outcomes[r].value0 = all[r].value0;
-    outcomes[r].value1 = all[r].value1;
+std::vector<Outcome> agree_on_outcomes(Communicator& comm, const Outcome& mine, const std::string& operation,
+                                       const std::string& what) {
+  comm::AgreementRecord record(operation);
+  if (!mine.ok) record.fail(Error(mine.code, fmt::format("{}: {}", what, mine.message)));
+  record.set_payload(0, mine.value0);
+  record.set_payload(1, mine.value1);
+  std::vector<Outcome> outcomes;
+  for (const comm::Payload& p : comm::agree(comm, record)) {
+    Outcome o;
+    o.value0 = p[0];
+    o.value1 = p[1];
+    outcomes.push_back(o);
   }
   return outcomes;
 }

@@ -1,4 +1,4 @@
-// src/checkpoint/collective.hpp — making every rank fail together, with one message, when any rank failed.
+// src/checkpoint/collective.hpp — the phases of a save or load end in the ranks' agreement: every rank fails together, with one message, when any rank failed.
 #pragma once
 
 #include <cstdint>
@@ -26,10 +26,11 @@ struct Outcome {
   }
 };
 
-// Collective: all-gathers every rank's outcome (fixed-size records, so ranks that failed and
-// ranks that did not issue the same collective). If any failed, throws on every rank the
-// Error of the lowest failing rank, its message prefixed by `what`. Otherwise returns all.
-std::vector<Outcome> agree_on_outcomes(Communicator& comm, const Outcome& mine, const std::string& what);
+// Collective, through comm::agree under `operation` ("save", "load"): if any rank failed, every
+// rank raises that failure's code (its message prefixed by `what`, and naming the rank on the
+// others). Otherwise returns every rank's outcome.
+std::vector<Outcome> agree_on_outcomes(Communicator& comm, const Outcome& mine, const std::string& operation,
+                                       const std::string& what);
 
 // Collective: rank `root`'s bytes reach every rank (the string is at most 255 bytes).
 std::string broadcast_string(Communicator& comm, const std::string& text, int root);

@@ -1,7 +1,8 @@
 // src/checkpoint/offline.cpp — info, verify, export and reshard of checkpoint directories, without MPI.
 #include <algorithm>
 
-#include "checkpoint/optimizer_access.hpp"
+#include "checkpoint/optimizer_parts.hpp"
+#include "core/check.hpp"
 #include "checkpoint/store.hpp"
 #include "shardopt/checkpoint.hpp"
 

@@ -1,4 +1,4 @@
-// src/checkpoint/sharded_checkpoint.cpp — ZeroOptimizer::save/load: one shard file per rank, the manifest last.
+// src/checkpoint/sharded_checkpoint.cpp — save and load: one shard file per rank, the manifest last.
 //
 // Save: rank 0 picks a fresh save id; every rank writes its shard file atomically; the ranks
 // agree that all files exist; rank 0 commits manifest.json (temp, fsync, rename, fsync dir)
@@ -7,21 +7,18 @@
 // Load: every rank reads the manifest, checks it against the registration, checks all files'
 // sizes, verifies the checksums of its share of the files and reads the byte ranges that make
 // up its shard in the current layout, all into fresh buffers; the ranks agree; only then is the
-// optimizer changed, and the parameters are synchronised as after a step.
+// optimizer changed (the caller then synchronises the parameters as after a step).
 #include <algorithm>
 
 #include "checkpoint/collective.hpp"
-#include "checkpoint/optimizer_access.hpp"
+#include "checkpoint/optimizer_parts.hpp"
 #include "checkpoint/store.hpp"
+#include "core/check.hpp"
 #include "optim/hyperparams.hpp"
 
 namespace shardopt {
-
-using checkpoint::Outcome;
-
+namespace checkpoint {
 namespace {
-
-// The helpers take ZeroOptimizer::Impl (private to the class) as a deduced template parameter.
 
 // Shard segments in file order, so the "params" tensor is written front to back.
 std::vector<partition::Segment> segments_by_shard_offset(const partition::RankShard& shard) {
@@ -32,17 +29,16 @@ std::vector<partition::Segment> segments_by_shard_offset(const partition::RankSh
 }
 
 // This rank's shard file (file `index` of `count`).
-template <typename ImplT>
-checkpoint::ManifestFile write_own_shard(const ImplT& im, const std::string& dir,
-                                         const std::string& save_id, int index, int count,
-                                         const std::vector<std::string>& kinds,
-                                         const std::array<bool, optim::kStateKinds>& kind_mask) {
-  const partition::RankShard& shard = im.own_shard();
+ManifestFile write_own_shard(const OptimizerParts& parts, const std::string& dir, const std::string& save_id,
+                             int index, int count, const std::vector<std::string>& kinds,
+                             const optim::StateMask& kind_mask) {
+  const optim::ShardState& state = parts.shard;
+  const std::vector<optim::ParamRecord>& params = parts.table.params();
+  const partition::RankShard& shard = state.own_shard();
   int64_t frozen_numel = 0;
-  for (const optim::ParamRecord& p : im.params) frozen_numel += p.trainable ? 0 : p.numel;
-  checkpoint::ShardFileWriter writer(checkpoint::join_path(dir, checkpoint::shard_file_name(save_id, index, count)),
-                                     checkpoint::shard_tensors(shard.numel, kinds, frozen_numel, index),
-                                     checkpoint::shard_metadata(save_id, index, count));
+  for (const optim::ParamRecord& p : params) frozen_numel += p.trainable ? 0 : p.numel;
+  ShardFileWriter writer(join_path(dir, shard_file_name(save_id, index, count)),
+                         shard_tensors(shard.numel, kinds, frozen_numel, index), shard_metadata(save_id, index, count));
   // Parameter values, with zeros in the padding between and after segments. Files hold F32:
   // bf16/f16 values are widened (exactly) and narrowed back (exactly) on load.
   std::vector<float> wide;
@@ -50,7 +46,7 @@ checkpoint::ManifestFile write_own_shard(const ImplT& im, const std::string& dir
   for (const partition::Segment& s : segments_by_shard_offset(shard)) {
     if (s.length == 0) continue;
     writer.write_zeros(s.shard_offset - written);
-    writer.write(im.param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length, wide), s.length);
+    writer.write(state.param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length, wide), s.length);
     written = s.shard_offset + s.length;
   }
   writer.write_zeros(shard.numel - written);
@@ -58,15 +54,18 @@ checkpoint::ManifestFile write_own_shard(const ImplT& im, const std::string& dir
     if (!kind_mask[k]) continue;
     // A kind that hyperparameters made necessary after the last step is not allocated yet:
     // it would start as zeros, so zeros are what it holds.
-    if (im.state[k].numel() == shard.numel) writer.write(im.state[k].data(), shard.numel);
-    else writer.write_zeros(shard.numel);
-  }
-  if (index == 0) {
-    for (std::size_t i = 0; i < im.params.size(); ++i) {
-      if (!im.params[i].trainable) writer.write(im.param_values_f32(i, 0, im.params[i].numel, wide), im.params[i].numel);
+    if (state.state()[k].numel() == shard.numel) {
+      writer.write(state.state_data(k), shard.numel);
+    } else {
+      writer.write_zeros(shard.numel);
     }
   }
-  checkpoint::ManifestFile file = writer.commit();
+  if (index == 0) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].trainable) writer.write(state.param_values_f32(i, 0, params[i].numel, wide), params[i].numel);
+    }
+  }
+  ManifestFile file = writer.commit();
   file.shard_numel = shard.numel;
   file.segments = shard.segments;
   return file;
@@ -74,44 +73,44 @@ checkpoint::ManifestFile write_own_shard(const ImplT& im, const std::string& dir
 
 // Everything a load reads, held aside until every rank has succeeded.
 struct PreparedLoad {
-  checkpoint::Manifest manifest;
-  std::array<bool, optim::kStateKinds> kinds{};
+  Manifest manifest;
+  optim::StateMask kinds{};
   int64_t shard_numel = 0;
-  std::array<core::FlatBuffer, optim::kStateKinds> state;
+  optim::StateBuffers state;
   core::FlatBuffer params;  // this rank's shard of the parameter values
   std::vector<std::vector<float>> frozen;  // per param; empty for trainable ones
 };
 
-template <typename ImplT>
-PreparedLoad prepare_load(const ImplT& im, const std::string& dir) {
+PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
+  const optim::DeviceContext& dev = parts.dev;
   PreparedLoad prep;
-  prep.manifest = checkpoint::read_manifest(dir);
-  const checkpoint::Manifest& m = prep.manifest;
+  prep.manifest = read_manifest(dir);
+  const Manifest& m = prep.manifest;
   const std::string source = fmt::format("checkpoint '{}'", dir);
-  checkpoint::check_same_model(im.config.algorithm, im.params, im.groups.size(), m, source);
+  check_same_model(parts.config.algorithm, parts.table.params(), parts.table.groups().size(), m, source);
   for (std::size_t g = 0; g < m.groups.size(); ++g) {
-    optim::validate_hyperparams(m.groups[g], im.config.algorithm, static_cast<int>(g));
+    optim::validate_hyperparams(m.groups[g], parts.config.algorithm, static_cast<int>(g));
   }
 
-  checkpoint::CheckpointReader reader(dir, m);
+  CheckpointReader reader(dir, m);
   reader.check_file_sizes();
   // Each file's checksum is verified by one rank (files spread round-robin), so together the
   // ranks read every byte once; at the same world size that is each rank's own file.
   for (std::size_t f = 0; f < m.files.size(); ++f) {
-    if (static_cast<int>(f % static_cast<std::size_t>(im.world())) != im.rank()) continue;
+    if (static_cast<int>(f % static_cast<std::size_t>(dev.world())) != dev.rank()) continue;
     reader.check_header(f);
     reader.verify_checksum(f);
   }
 
   // The layout this optimizer will have: its own strategy and world, the saved trainable flags.
   std::vector<partition::ParamInfo> infos;
-  for (const checkpoint::ManifestParam& p : m.params) infos.push_back({p.numel, p.group, p.trainable});
+  for (const ManifestParam& p : m.params) infos.push_back({p.numel, p.group, p.trainable});
   const partition::Layout target =
-      partition::make_layout(im.strategy(), infos, im.world(), optim::kShardAlignment);
-  const partition::RankShard& shard = target.shards[static_cast<std::size_t>(im.rank())];
+      partition::make_layout(optim::strategy_of(parts.config), infos, dev.world(), optim::kShardAlignment);
+  const partition::RankShard& shard = target.shards[static_cast<std::size_t>(dev.rank())];
   prep.shard_numel = shard.numel;
   // bf16/f16 optimizers also keep their fp32 masters (a "master" state kind).
-  prep.kinds = optim::state_kinds_needed(im.config.algorithm, im.dtype, m.groups);
+  prep.kinds = optim::state_kinds_needed(parts.config.algorithm, parts.table.dtype(), m.groups);
 
   auto read_shard = [&](const std::string& tensor, float* out) {
     for (const partition::Segment& s : shard.segments) {
@@ -119,7 +118,7 @@ PreparedLoad prepare_load(const ImplT& im, const std::string& dir) {
     }
   };
   prep.params.resize(shard.numel);
-  read_shard(checkpoint::kParamsTensor, prep.params.data());
+  read_shard(kParamsTensor, prep.params.data());
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     if (!prep.kinds[k]) continue;
     prep.state[k].resize(shard.numel);
@@ -135,80 +134,73 @@ PreparedLoad prepare_load(const ImplT& im, const std::string& dir) {
   return prep;
 }
 
-// Collective only through rebuild_layout (when trainable flags change) and the param sync;
-// every rank reaches both.
-template <typename ImplT>
-void install(ImplT& im, PreparedLoad& prep) {
-  const checkpoint::Manifest& m = prep.manifest;
-  bool flags_changed = im.layout_dirty;
-  for (std::size_t i = 0; i < im.params.size(); ++i) {
-    optim::ParamRecord& p = im.params[i];
+// Collective only through the layout rebuild (when trainable flags change), which every rank
+// reaches alike.
+void install(const OptimizerParts& parts, PreparedLoad& prep) {
+  const Manifest& m = prep.manifest;
+  optim::ParamTable& table = parts.table;
+  bool flags_changed = false;
+  std::vector<bool> without_master(table.size(), false);
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    optim::ParamRecord& p = table.param(static_cast<ParamId>(i));
     flags_changed = flags_changed || p.trainable != m.params[i].trainable;
     p.trainable = m.params[i].trainable;
     p.step = m.params[i].step;
     p.has_momentum_buffer = m.params[i].has_momentum_buffer;
   }
-  im.groups = m.groups;
+  for (std::size_t g = 0; g < m.groups.size(); ++g) table.group(static_cast<int>(g)) = m.groups[g];
   // A checkpoint without loss scaling leaves this optimizer's scale as it is.
-  if (im.config.loss_scaling.enabled && m.has_loss_scale) {
-    im.scale = m.loss_scale;
-    im.growth_tracker = m.growth_tracker;
-  }
-  if (flags_changed) im.rebuild_layout();
-  SHARDOPT_CHECK(im.own_shard().numel == prep.shard_numel, internal,
-                 "load: the rebuilt shard has {} elements, the prepared one {}", im.own_shard().numel, prep.shard_numel);
-  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    if (prep.kinds[k]) im.state[k] = std::move(prep.state[k]);
-    else im.state[k].resize(0);
-  }
-  im.state_in_use = prep.kinds;
-  for (const partition::Segment& s : im.own_shard().segments) {
+  if (parts.config.loss_scaling.enabled && m.has_loss_scale) parts.step.set_loss_scale(m.loss_scale, m.growth_tracker);
+  if (flags_changed) parts.shard.rebuild();
+  SHARDOPT_CHECK(parts.shard.own_shard().numel == prep.shard_numel, internal,
+                 "load: the rebuilt shard has {} elements, the prepared one {}", parts.shard.own_shard().numel,
+                 prep.shard_numel);
+  for (const partition::Segment& s : parts.shard.own_shard().segments) {
     if (s.length == 0) continue;
-    im.set_param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length, prep.params.data() + s.shard_offset);
+    parts.shard.set_param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length,
+                                     prep.params.data() + s.shard_offset);
   }
-  for (std::size_t i = 0; i < im.params.size(); ++i) {
-    if (!im.params[i].trainable && im.params[i].numel > 0) {
-      im.set_param_values_f32(i, 0, im.params[i].numel, prep.frozen[i].data());
-    }
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const optim::ParamRecord& p = table.params()[i];
+    if (!p.trainable && p.numel > 0) parts.shard.set_param_values_f32(i, 0, p.numel, prep.frozen[i].data());
   }
-  im.sync_params();
-  im.build_runs();  // runs merge params with equal steps: the steps just changed
+  // A checkpoint always holds a bf16/f16 optimizer's masters (the kinds say so); seeding is for
+  // a kind the files lack.
+  parts.shard.install_state(prep.kinds, std::move(prep.state), without_master);
 }
 
 }  // namespace
 
-void ZeroOptimizer::save(const std::string& dir) {
-  Impl& im = *impl_;
-  checkpoint::require_host_state(im, "save");
-  Communicator& comm = *im.comm;
-  if (im.layout_dirty) im.rebuild_layout();
+void save_checkpoint(const OptimizerParts& parts, const std::string& dir) {
+  const optim::DeviceContext& dev = parts.dev;
+  Communicator& comm = dev.host_comm();
+  const optim::ShardState& state = parts.shard;
   const std::string what = fmt::format("save to '{}'", dir);
-
   // 1. Rank 0 creates the directory and picks the identity of this save.
   Outcome setup;
   std::string save_id;
-  if (im.rank() == 0) {
+  if (dev.rank() == 0) {
     try {
-      checkpoint::make_directories(dir);
-      auto [generation, id] = checkpoint::next_save_identity(dir);
+      make_directories(dir);
+      auto [generation, id] = next_save_identity(dir);
       setup.value0 = generation;
       save_id = id;
     } catch (const Error& e) {
       setup.fail(e);
     }
   }
-  const uint64_t generation = checkpoint::agree_on_outcomes(comm, setup, what)[0].value0;
-  save_id = checkpoint::broadcast_string(comm, save_id, 0);
+  const uint64_t generation = agree_on_outcomes(comm, setup, "save", what)[0].value0;
+  save_id = broadcast_string(comm, save_id, 0);
 
   // 2. Every rank writes its shard (one file in all when the state is not sharded).
-  const int count = im.sharded() ? im.world() : 1;
-  const auto kind_mask = im.state_kinds_needed();
-  const std::vector<std::string> kinds = checkpoint::state_kind_names(kind_mask);
+  const int count = state.sharded() ? dev.world() : 1;
+  const auto kind_mask = state.state_kinds_needed();
+  const std::vector<std::string> kinds = state_kind_names(kind_mask);
   Outcome written;
-  checkpoint::ManifestFile own_file;
-  if (im.sharded() || im.rank() == 0) {
+  ManifestFile own_file;
+  if (state.sharded() || dev.rank() == 0) {
     try {
-      own_file = write_own_shard(im, dir, save_id, im.sharded() ? im.rank() : 0, count, kinds, kind_mask);
+      own_file = write_own_shard(parts, dir, save_id, state.sharded() ? dev.rank() : 0, count, kinds, kind_mask);
       written.value0 = static_cast<uint64_t>(own_file.bytes);
       written.value1 = own_file.crc32c;
     } catch (const Error& e) {
@@ -217,73 +209,71 @@ void ZeroOptimizer::save(const std::string& dir) {
   }
   std::vector<Outcome> files;
   try {
-    files = checkpoint::agree_on_outcomes(comm, written, what);
+    files = agree_on_outcomes(comm, written, "save", what);
   } catch (const Error&) {
     // This save's complete files are named by no manifest: remove them now.
-    if (im.rank() == 0 || im.sharded()) {
-      checkpoint::remove_file_if_present(checkpoint::join_path(
-          dir, checkpoint::shard_file_name(save_id, im.sharded() ? im.rank() : 0, count)));
+    if (dev.rank() == 0 || state.sharded()) {
+      remove_file_if_present(join_path(
+          dir, shard_file_name(save_id, state.sharded() ? dev.rank() : 0, count)));
     }
     throw;
   }
 
   // Crash-safety tests stop here: shard files on disk, the manifest not yet written.
-  SHARDOPT_CHECK(!checkpoint::test_abort_requested("shards"), internal,
+  SHARDOPT_CHECK(!test_abort_requested("shards"), internal,
                  "{}: aborted after writing the shard files (SHARDOPT_TEST_ABORT_SAVE_AFTER=shards)", what);
 
   // 3. Rank 0 commits the manifest, the one step that makes this save the checkpoint.
   Outcome committed;
-  if (im.rank() == 0) {
+  if (dev.rank() == 0) {
     try {
-      checkpoint::Manifest m;
+      Manifest m;
       m.generation = generation;
       m.save_id = save_id;
-      m.world_size = im.world();
-      m.partition = im.layout.strategy;
-      m.alignment = im.layout.alignment;
-      m.algorithm = im.config.algorithm;
+      m.world_size = dev.world();
+      m.partition = state.layout().strategy;
+      m.alignment = state.layout().alignment;
+      m.algorithm = parts.config.algorithm;
       m.state_kinds = kinds;
-      m.groups = im.groups;
-      m.has_loss_scale = im.config.loss_scaling.enabled;
-      m.loss_scale = im.scale;
-      m.growth_tracker = im.growth_tracker;
-      for (const optim::ParamRecord& p : im.params) {
+      m.groups.assign(parts.table.groups().begin(), parts.table.groups().end());
+      m.has_loss_scale = parts.config.loss_scaling.enabled;
+      m.loss_scale = parts.step.loss_scale();
+      m.growth_tracker = parts.step.growth_tracker();
+      for (const optim::ParamRecord& p : parts.table.params()) {
         m.params.push_back({p.name, p.numel, p.dtype, p.group, p.trainable, p.step, p.has_momentum_buffer});
       }
       for (int f = 0; f < count; ++f) {
-        const partition::RankShard& shard = im.layout.shards[static_cast<std::size_t>(f)];
-        checkpoint::ManifestFile file;
-        file.name = checkpoint::shard_file_name(save_id, f, count);
+        const partition::RankShard& shard = state.layout().shards[static_cast<std::size_t>(f)];
+        ManifestFile file;
+        file.name = shard_file_name(save_id, f, count);
         file.bytes = static_cast<int64_t>(files[static_cast<std::size_t>(f)].value0);
         file.crc32c = static_cast<uint32_t>(files[static_cast<std::size_t>(f)].value1);
         file.shard_numel = shard.numel;
         file.segments = shard.segments;
         m.files.push_back(std::move(file));
       }
-      checkpoint::commit_manifest(dir, m);
-      checkpoint::remove_unreferenced_files(dir, m);
+      commit_manifest(dir, m);
+      remove_unreferenced_files(dir, m);
     } catch (const Error& e) {
       committed.fail(e);
     }
   }
-  checkpoint::agree_on_outcomes(comm, committed, what);
+  agree_on_outcomes(comm, committed, "save", what);
 }
 
-void ZeroOptimizer::load(const std::string& dir) {
-  Impl& im = *impl_;
-  checkpoint::require_host_state(im, "load");
-  if (im.layout_dirty) im.rebuild_layout();
+void load_checkpoint(const OptimizerParts& parts, const std::string& dir) {
   Outcome prepared;
   PreparedLoad prep;
   try {
-    prep = prepare_load(im, dir);
+    prep = prepare_load(parts, dir);
   } catch (const Error& e) {
     prepared.fail(e);
   } catch (const std::bad_alloc&) {
     prepared.fail(Error(ErrorCode::io, fmt::format("not enough memory to read checkpoint '{}'", dir)));
   }
-  checkpoint::agree_on_outcomes(*im.comm, prepared, fmt::format("load from '{}'", dir));
-  install(im, prep);
+  agree_on_outcomes(parts.dev.host_comm(), prepared, "load", fmt::format("load from '{}'", dir));
+  install(parts, prep);
 }
 
+}  // namespace checkpoint
 }  // namespace shardopt

@@ -1,8 +1,16 @@
-// src/optim/zero_optimizer.cpp — ZeroOptimizer's public methods over its Impl (zero_optimizer_impl.hpp).
+// src/optim/zero_optimizer.cpp — ZeroOptimizer's public methods: each collective one starts with the ranks' agreement, then drives the parts in data-flow order.
+#include <cmath>
+
+#include "checkpoint/optimizer_parts.hpp"
+#include "comm/agreement.hpp"
+#include "core/check.hpp"
+#include "optim/agreement_fields.hpp"
+#include "optim/hyperparams.hpp"
 #include "optim/zero_optimizer_impl.hpp"
 
 namespace shardopt {
 
+using comm::AgreementRecord;
 using optim::ParamRecord;
 
 const char* algorithm_name(Algorithm algorithm) {
@@ -22,166 +30,302 @@ const char* partition_name(PartitionStrategy partition) {
   return "unknown";
 }
 
-ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig config,
-                             std::vector<ParamGroupSpec> groups)
-    : impl_(std::make_unique<Impl>()) {
-  SHARDOPT_CHECK(comm != nullptr, invalid_argument, "ZeroOptimizer needs a communicator (got null)");
-  SHARDOPT_CHECK(config.bucket_bytes > 0, invalid_argument, "bucket_bytes must be positive, got {}", config.bucket_bytes);
-  SHARDOPT_CHECK(config.pipeline_chunk_bytes >= 0, invalid_argument, "pipeline_chunk_bytes must be >= 0, got {}",
-                 config.pipeline_chunk_bytes);
-  SHARDOPT_CHECK(config.stage == 1 || config.stage == 2, invalid_argument, "stage must be 1 or 2, got {}", config.stage);
-  SHARDOPT_CHECK(config.stage == 1 || config.shard_state, invalid_argument,
-                 "stage 2 shards gradients by the optimizer state's partition; it needs shard_state = true");
-  const LossScaling& ls = config.loss_scaling;
-  if (ls.enabled) {
-    SHARDOPT_CHECK(std::isfinite(ls.init_scale) && ls.init_scale > 0, invalid_argument,
-                   "loss_scaling.init_scale must be finite and > 0, got {}", ls.init_scale);
-    SHARDOPT_CHECK(std::isfinite(ls.growth_factor) && ls.growth_factor > 1.0, invalid_argument,
-                   "loss_scaling.growth_factor must be finite and > 1, got {}", ls.growth_factor);
-    SHARDOPT_CHECK(std::isfinite(ls.backoff_factor) && ls.backoff_factor > 0 && ls.backoff_factor < 1.0,
-                   invalid_argument, "loss_scaling.backoff_factor must be in (0, 1), got {}", ls.backoff_factor);
-    SHARDOPT_CHECK(ls.growth_interval > 0, invalid_argument, "loss_scaling.growth_interval must be > 0, got {}",
-                   ls.growth_interval);
-    SHARDOPT_CHECK(std::isfinite(ls.min_scale) && ls.min_scale > 0 && ls.min_scale <= ls.init_scale,
-                   invalid_argument, "loss_scaling.min_scale must be finite, > 0 and <= init_scale ({}), got {}",
-                   ls.init_scale, ls.min_scale);
+namespace {
+
+checkpoint::OptimizerParts parts_of(ZeroOptimizer::Impl& im) {
+  return checkpoint::OptimizerParts{im.config, im.dev, im.table, im.shard, im.step};
+}
+
+std::vector<comm::Payload> agree(ZeroOptimizer::Impl& im, const AgreementRecord& record) {
+  return comm::agree(im.dev.host_comm(), record);
+}
+
+// The hyperparameters every step must agree on, checked as they stand now.
+void add_step_fields(ZeroOptimizer::Impl& im, AgreementRecord& record) {
+  for (int g = 0; g < im.table.num_groups(); ++g) {
+    const Hyperparams& h = im.table.groups()[static_cast<std::size_t>(g)];
+    record.validate([&] { optim::validate_hyperparams(h, im.config.algorithm, g); });
+    optim::add_group_fields(h, g, record);
   }
-  impl_->comm = std::move(comm);
-  impl_->config = config;
-  impl_->defaults = config.defaults.value_or(default_hyperparams(config.algorithm));
-  impl_->scale = config.loss_scaling.enabled ? config.loss_scaling.init_scale : 1.0;
-  impl_->attach_device_communicator();
-  impl_->register_groups(groups, "ZeroOptimizer");
+  record.field("loss scale", fmt::format("{}", im.step.loss_scale()));
+}
+
+// Collective: checks `specs` locally, agrees with the other ranks, then appends and re-lays out.
+void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>& specs, AgreementRecord& record) {
+  optim::Registration added;
+  const std::size_t first_id = im.table.size();
+  const int first_group = im.table.num_groups();
+  record.validate([&] {
+    im.reducer.check_no_open_round(record.operation().c_str());
+    const std::string comm_label = fmt::format("the {} communicator", im.dev.comm().backend_name());
+    added = im.table.prepare(specs, im.config, im.dev.comm().device(), comm_label, im.dev.rank());
+    im.dev.adopt(added.choice.device);
+  });
+  if (!record.failed()) optim::add_registration_fields(added, first_id, first_group, record);
+  agree(im, record);
+  std::vector<const void*> initial = added.initial_values;
+  im.table.append(std::move(added));
+  im.shard.rebuild(initial, first_id);
+  im.reducer.reset();
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig config,
+                             std::vector<ParamGroupSpec> groups) {
+  SHARDOPT_CHECK(comm != nullptr, invalid_argument, "ZeroOptimizer needs a communicator (got null)");
+  impl_ = std::make_unique<Impl>(std::move(comm), config);
+  AgreementRecord record("ZeroOptimizer");
+  record.validate([&] { optim::validate_config(config); });
+  if (config.defaults) {
+    record.validate([&] { optim::validate_hyperparams(*config.defaults, config.algorithm, -1); });
+  }
+  optim::add_config_fields(config, record);
+  if (record.failed()) {
+    agree(*impl_, record);  // raises on every rank
+  }
+  register_groups(*impl_, groups, record);
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
 int ZeroOptimizer::add_param_group(ParamGroupSpec group) {
-  impl_->register_groups({std::move(group)}, "add_param_group");
-  return static_cast<int>(impl_->groups.size()) - 1;
+  AgreementRecord record("add_param_group");
+  register_groups(*impl_, {std::move(group)}, record);
+  return impl_->table.num_groups() - 1;
 }
 
 void ZeroOptimizer::set_trainable(ParamId id, bool trainable) {
-  ParamRecord& p = impl_->param(id);
+  Impl& im = *impl_;
+  AgreementRecord record("set_trainable");
+  std::string name;
+  record.validate([&] {
+    name = im.table.param(id).name;
+    im.reducer.check_no_open_round("set_trainable");
+  });
+  record.field("set_trainable parameter", name.empty() ? fmt::format("#{}", id) : "'" + name + "'");
+  record.field("set_trainable value", trainable ? "true" : "false");
+  agree(im, record);
+  ParamRecord& p = im.table.param(id);
   if (p.trainable == trainable) return;
   p.trainable = trainable;
   // A param that is frozen holds no state; thawed, it starts afresh as torch's lazy state.
   p.step = 0;
   p.has_momentum_buffer = false;
-  impl_->layout_dirty = true;
+  im.shard.rebuild();
+  im.reducer.reset();
 }
 
-bool ZeroOptimizer::trainable(ParamId id) const { return impl_->param(id).trainable; }
-int ZeroOptimizer::num_groups() const { return static_cast<int>(impl_->groups.size()); }
-int ZeroOptimizer::num_params() const { return static_cast<int>(impl_->params.size()); }
-
-Hyperparams& ZeroOptimizer::hyperparams(int group) {
-  SHARDOPT_CHECK(group >= 0 && group < num_groups(), invalid_argument,
-                 "param group {} does not exist (there are {})", group, num_groups());
-  return impl_->groups[static_cast<std::size_t>(group)];
-}
-const Hyperparams& ZeroOptimizer::hyperparams(int group) const {
-  return const_cast<ZeroOptimizer*>(this)->hyperparams(group);
-}
-
-const Hyperparams& ZeroOptimizer::defaults() const { return impl_->defaults; }
-
-ParamId ZeroOptimizer::find_param(const std::string& name) const {
-  for (std::size_t i = 0; i < impl_->params.size(); ++i) {
-    if (impl_->params[i].name == name) return static_cast<ParamId>(i);
-  }
-  raise(ErrorCode::invalid_argument, "no parameter named '{}' is registered", name);
-}
-
-const std::string& ZeroOptimizer::param_name(ParamId id) const { return impl_->param(id).name; }
-int ZeroOptimizer::param_group(ParamId id) const { return impl_->param(id).group; }
-int64_t ZeroOptimizer::param_step(ParamId id) const { return impl_->param(id).step; }
+bool ZeroOptimizer::trainable(ParamId id) const { return impl_->table.param(id).trainable; }
+int ZeroOptimizer::num_groups() const { return impl_->table.num_groups(); }
+int ZeroOptimizer::num_params() const { return static_cast<int>(impl_->table.size()); }
+Hyperparams& ZeroOptimizer::hyperparams(int group) { return impl_->table.group(group); }
+const Hyperparams& ZeroOptimizer::hyperparams(int group) const { return impl_->table.group(group); }
+const Hyperparams& ZeroOptimizer::defaults() const { return impl_->table.defaults(); }
+ParamId ZeroOptimizer::find_param(const std::string& name) const { return impl_->table.find(name); }
+const std::string& ZeroOptimizer::param_name(ParamId id) const { return impl_->table.param(id).name; }
+int ZeroOptimizer::param_group(ParamId id) const { return impl_->table.param(id).group; }
+int64_t ZeroOptimizer::param_step(ParamId id) const { return impl_->table.param(id).step; }
 
 int ZeroOptimizer::param_owner(ParamId id) const {
-  impl_->param(id);
-  if (impl_->layout_dirty) impl_->rebuild_layout();
-  return impl_->layout.param_owner[static_cast<std::size_t>(id)];
+  impl_->table.param(id);  // range check
+  return impl_->shard.layout().param_owner[static_cast<std::size_t>(id)];
 }
 
 TensorRef ZeroOptimizer::param_view(ParamId id) const {
-  const ParamRecord& p = impl_->param(id);
-  return TensorRef{impl_->param_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
+  const ParamRecord& p = impl_->table.param(id);
+  return TensorRef{impl_->shard.param_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
 }
 
 TensorRef ZeroOptimizer::grad_view(ParamId id) const {
-  const ParamRecord& p = impl_->param(id);
-  SHARDOPT_CHECK(!(impl_->stage2() && impl_->bucket_view()), invalid_argument,
-                 "grad_view('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients; hand "
-                 "each gradient with reduce_gradient() instead",
+  const ParamRecord& p = impl_->table.param(id);
+  SHARDOPT_CHECK(!(impl_->shard.stage2() && impl_->shard.bucket_view()), invalid_argument,
+                 "grad_view('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients; hand each "
+                 "gradient with reduce_gradient() instead",
                  p.name);
-  return TensorRef{impl_->grad_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
+  return TensorRef{impl_->shard.grad_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
 }
 
-uint64_t ZeroOptimizer::layout_version() const { return impl_->layout_version; }
+uint64_t ZeroOptimizer::layout_version() const { return impl_->shard.layout_version(); }
 
 void ZeroOptimizer::zero_grad() {
-  const device::ScopedDevice scope(impl_->device);
+  Impl& im = *impl_;
+  const device::ScopedDevice scope(im.dev.device());
   // Stage 2 owns only the shard's averaged gradients (external buffers are the caller's too).
-  impl_->zero_bytes(impl_->shard_grads.raw(), static_cast<std::size_t>(impl_->shard_grads.bytes()));
-  if (impl_->stage2() && impl_->bucket_view()) return;
-  if (impl_->on_device() && impl_->bucket_view()) {
+  im.dev.zero_bytes(im.shard.shard_grads().raw(), static_cast<std::size_t>(im.shard.shard_grads().bytes()));
+  if (im.shard.stage2() && im.shard.bucket_view()) return;
+  if (im.dev.on_device() && im.shard.bucket_view()) {
     // One fill of the whole flat gradient buffer instead of a launch per parameter: it holds
     // exactly the parameters' gradients and zero padding.
-    impl_->zero_bytes(impl_->flat_grads.raw(), static_cast<std::size_t>(impl_->flat_grads.bytes()));
+    im.dev.zero_bytes(im.shard.flat_grads().raw(), static_cast<std::size_t>(im.shard.flat_grads().bytes()));
     return;
   }
-  for (std::size_t i = 0; i < impl_->params.size(); ++i) {
-    const int64_t n = impl_->params[i].numel;
-    if (n > 0) impl_->zero_bytes(impl_->grad_ptr(i), optim::span_bytes(n, impl_->dtype));
+  for (std::size_t i = 0; i < im.table.size(); ++i) {
+    const int64_t n = im.table.params()[i].numel;
+    if (n > 0) im.dev.zero_bytes(im.shard.grad_ptr(i), optim::span_bytes(n, im.table.dtype()));
   }
 }
 
-void* ZeroOptimizer::cuda_stream() const { return impl_->stream; }
+void* ZeroOptimizer::cuda_stream() const { return impl_->dev.stream(); }
 
-void ZeroOptimizer::reduce_gradients() { impl_->reduce_gradients(); }
-void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) { impl_->reduce_gradient(id, grad); }
-
-double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  return impl_->clip_grad_norm(max_norm, norm_type);
+void ZeroOptimizer::reduce_gradients() {
+  Impl& im = *impl_;
+  agree(im, AgreementRecord("reduce_gradients"));
+  const uint64_t order = im.reducer.reduce_all();
+  if (!im.shard.stage2()) return;
+  // Buckets handed in another order on some rank were matched with the wrong collectives:
+  // refuse the round on every rank rather than step on mixed-up gradients.
+  AgreementRecord handed("reduce_gradients");
+  handed.field("gradient hand-over order", fmt::format("the reduce_gradient() calls hashing to {:#018x}", order));
+  agree(im, handed);
 }
 
-double ZeroOptimizer::loss_scale() const { return impl_->scale; }
+void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) { impl_->reducer.hand(id, grad); }
+
+double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) {
+  Impl& im = *impl_;
+  const bool inf_norm = std::isinf(norm_type) && norm_type > 0;
+  AgreementRecord record("clip_grad_norm");
+  record.field("max_norm", fmt::format("{}", max_norm));
+  record.field("norm_type", fmt::format("{}", norm_type));
+  record.validate([&] {
+    SHARDOPT_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, invalid_argument,
+                   "clip_grad_norm: max_norm must be a finite number >= 0, got {}", max_norm);
+    SHARDOPT_CHECK(inf_norm || norm_type == 2.0, invalid_argument,
+                   "clip_grad_norm: norm_type {} is not supported (2 or inf)", norm_type);
+    im.reducer.check_no_open_round("clip_grad_norm");
+    // This rank's partial: a double and the inf/NaN flag, moved in the record's payload.
+    const kernels::GradStats mine = im.step.local_grad_stats(inf_norm);
+    record.set_payload(0, comm::double_bits(mine.value));
+    record.set_payload(1, mine.nonfinite ? 1 : 0);
+  });
+  const std::vector<comm::Payload> payloads = agree(im, record);
+  // Replicated state: every rank's runs cover every gradient, so its own value is the total.
+  std::vector<kernels::GradStats> parts;
+  for (std::size_t r = 0; r < payloads.size(); ++r) {
+    if (!im.shard.sharded() && static_cast<int>(r) != im.dev.rank()) continue;
+    parts.push_back(kernels::GradStats{comm::bits_double(payloads[r][0]), payloads[r][1] != 0});
+  }
+  return im.step.arm_clip(max_norm, inf_norm, parts);
+}
+
+double ZeroOptimizer::loss_scale() const { return impl_->step.loss_scale(); }
 
 void ZeroOptimizer::set_loss_scale(double scale) {
   SHARDOPT_CHECK(impl_->config.loss_scaling.enabled, invalid_argument,
                  "set_loss_scale: loss scaling is not enabled in this optimizer's config");
   SHARDOPT_CHECK(std::isfinite(scale) && scale > 0, invalid_argument,
                  "set_loss_scale: the scale must be finite and > 0, got {}", scale);
-  impl_->scale = scale;
-  impl_->growth_tracker = 0;
+  impl_->step.set_loss_scale(scale, 0);
 }
 
-const StepReport& ZeroOptimizer::last_step() const { return impl_->report; }
-void ZeroOptimizer::step() { impl_->step(); }
+const StepReport& ZeroOptimizer::last_step() const { return impl_->step.report(); }
+
+void ZeroOptimizer::step() {
+  Impl& im = *impl_;
+  AgreementRecord record("step");
+  add_step_fields(im, record);
+  // Loss scaling needs to know, on every rank alike, whether any gradient is inf or NaN.
+  record.validate([&] {
+    im.reducer.check_no_open_round("step");
+    record.set_payload(0, im.step.local_nonfinite() ? 1 : 0);
+  });
+  bool any_nonfinite = false;
+  for (const comm::Payload& p : agree(im, record)) any_nonfinite = any_nonfinite || p[0] != 0;
+  im.step.run(any_nonfinite);
+}
 
 double ZeroOptimizer::step(const std::function<double()>& closure) {
   SHARDOPT_CHECK(static_cast<bool>(closure), invalid_argument, "step(closure): the closure is empty");
   const double loss = closure();
-  impl_->step();
+  step();
   return loss;
 }
 
 MemoryReport ZeroOptimizer::memory_report() const {
+  const optim::ShardState& shard = impl_->shard;
   MemoryReport report;
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    (k == optim::kMaster ? report.master_bytes : report.state_bytes) += impl_->state[k].bytes();
+    (k == optim::kMaster ? report.master_bytes : report.state_bytes) += shard.state()[k].bytes();
   }
-  report.param_bytes = impl_->flat_params.bytes();
-  report.grad_bytes = impl_->flat_grads.bytes() + impl_->shard_grads.bytes();
-  int64_t bucket_bytes = 0;
-  for (const core::FlatBuffer& b : impl_->bucket_staging) bucket_bytes += b.bytes();
-  report.buffer_bytes = impl_->sync_staging.bytes() + impl_->grad_staging.bytes() + bucket_bytes;
-  report.shard_numel = impl_->own_shard().numel;
-  report.trainable_numel = impl_->layout.trainable_numel;
+  report.param_bytes = shard.flat_params().bytes();
+  report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
+  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes();
+  report.shard_numel = shard.own_shard().numel;
+  report.trainable_numel = shard.layout().trainable_numel;
   return report;
 }
 
-Communicator& ZeroOptimizer::communicator() const { return *impl_->comm; }
+// ---- checkpoints: the agreement here, the file and state work in src/checkpoint ----
+
+void ZeroOptimizer::save(const std::string& dir) {
+  Impl& im = *impl_;
+  AgreementRecord record("save");
+  record.validate([&] {
+    checkpoint::require_host_state(im.dev, "save");
+    im.reducer.check_no_open_round("save");
+  });
+  agree(im, record);
+  checkpoint::save_checkpoint(parts_of(im), dir);
+}
+
+void ZeroOptimizer::load(const std::string& dir) {
+  Impl& im = *impl_;
+  AgreementRecord record("load");
+  record.validate([&] {
+    checkpoint::require_host_state(im.dev, "load");
+    im.reducer.check_no_open_round("load");
+  });
+  agree(im, record);
+  checkpoint::load_checkpoint(parts_of(im), dir);
+  im.reducer.reset();
+  im.sync.sync();
+}
+
+void ZeroOptimizer::consolidate_state_dict(int to) {
+  Impl& im = *impl_;
+  AgreementRecord record("consolidate_state_dict");
+  record.field("target rank", fmt::format("{}", to));
+  record.validate([&] {
+    checkpoint::require_host_state(im.dev, "consolidate_state_dict");
+    SHARDOPT_CHECK(to >= 0 && to < im.dev.world(), invalid_argument,
+                   "consolidate_state_dict: target rank {} is out of range (world size {})", to, im.dev.world());
+  });
+  agree(im, record);
+  std::optional<StateDict> dict = checkpoint::gather_state_dict(parts_of(im), to);
+  // Only the target rank keeps the gathered state; the others drop any earlier one.
+  im.consolidated = std::move(dict);
+}
+
+StateDict ZeroOptimizer::state_dict() const {
+  SHARDOPT_CHECK(impl_->consolidated.has_value(), invalid_argument,
+                 "state_dict(): rank {} holds no consolidated state; call consolidate_state_dict(to) on every rank "
+                 "first and state_dict() on rank `to`",
+                 impl_->dev.rank());
+  StateDict dict = *impl_->consolidated;
+  dict.param_groups = checkpoint::current_groups(impl_->table);
+  return dict;
+}
+
+void ZeroOptimizer::load_state_dict(const StateDict& state) {
+  Impl& im = *impl_;
+  AgreementRecord record("load_state_dict");
+  record.validate([&] {
+    checkpoint::require_host_state(im.dev, "load_state_dict");
+    im.reducer.check_no_open_round("load_state_dict");
+    checkpoint::check_state_dict(parts_of(im), state);
+  });
+  record.field("state dict algorithm", algorithm_name(state.algorithm));
+  record.field("state dict parameters", fmt::format("{}", state.param_names.size()));
+  record.field("state dict entries", fmt::format("{}", state.state.size()));
+  for (std::size_t g = 0; g < state.param_groups.size(); ++g) {
+    optim::add_group_fields(state.param_groups[g].hyper, static_cast<int>(g), record);
+  }
+  agree(im, record);
+  checkpoint::install_state_dict(parts_of(im), state);
+}
+
+Communicator& ZeroOptimizer::communicator() const { return impl_->dev.comm(); }
 const OptimizerConfig& ZeroOptimizer::config() const { return impl_->config; }
 
 }  // namespace shardopt

@@ -84,7 +84,8 @@ std::vector<int32_t> sorted_greedy_owners(const std::vector<ParamInfo>& params, 
   for (int32_t group : groups) {
     std::vector<std::size_t> members;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      if (params[i].group == group && params[i].trainable) members.push_back(i);
+      // torch's _partition_parameters assigns every param of the group, trainable or not.
+      if (params[i].group == group) members.push_back(i);
     }
     std::stable_sort(members.begin(), members.end(), [&](std::size_t a, std::size_t b) {
       return params[a].numel > params[b].numel;
@@ -102,14 +103,14 @@ Layout make_sorted_greedy_layout(const std::vector<ParamInfo>& params, int world
   Layout layout = empty_layout(Strategy::sorted_greedy, params, world, 1);
   const std::vector<int32_t> owner = sorted_greedy_owners(params, world);
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (owner[i] < 0) continue;
+    layout.param_owner[i] = owner[i];
+    if (!params[i].trainable) continue;  // owned as torch assigns it, but never updated: no place
     RankShard& shard = layout.shards[static_cast<std::size_t>(owner[i])];
     layout.param_offset[i] = shard.numel;  // within the shard for now; made absolute below
     if (params[i].numel > 0) {
       shard.segments.push_back(Segment{static_cast<int32_t>(i), 0, shard.numel, params[i].numel});
     }
     shard.numel += params[i].numel;
-    layout.param_owner[i] = owner[i];
   }
   int64_t cursor = 0;
   for (RankShard& shard : layout.shards) {
@@ -117,7 +118,7 @@ Layout make_sorted_greedy_layout(const std::vector<ParamInfo>& params, int world
     cursor += shard.numel;
   }
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (owner[i] >= 0) layout.param_offset[i] += layout.shards[static_cast<std::size_t>(owner[i])].offset;
+    if (params[i].trainable) layout.param_offset[i] += layout.shards[static_cast<std::size_t>(owner[i])].offset;
   }
   layout.buffer_numel = cursor;
   layout.trainable_numel = cursor;

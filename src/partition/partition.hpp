@@ -45,7 +45,8 @@ struct Layout {
   int64_t buffer_numel = 0;       // total flat buffer (replicated: one copy)
   int64_t trainable_numel = 0;
   // Per parameter: its first element in the flat buffer (-1 when frozen), and the rank that
-  // holds all of it (-1 when frozen or split across ranks).
+  // holds all of it: sorted_greedy, torch's owner of every param, frozen ones included (a frozen
+  // param is assigned but not placed); flat, -1 when frozen or split across ranks; replicated, -1.
   std::vector<int64_t> param_offset;
   std::vector<int32_t> param_owner;
 };
@@ -54,9 +55,11 @@ struct Layout {
 // world*alignment; rank r gets elements [r*S, (r+1)*S) with S = that total / world.
 Layout make_flat_layout(const std::vector<ParamInfo>& params, int world, int64_t alignment);
 
-// sorted_greedy: torch's algorithm. Per group (in order), params sorted by numel, largest
-// first (stable), each to the rank with the smallest running total (lowest rank on ties);
-// totals carry across groups. Each shard holds its params in registration order, unpadded.
+// sorted_greedy: torch's algorithm. Per group (in order), all its params, frozen ones included
+// (as torch's _partition_parameters), sorted by numel, largest first (stable), each to the rank
+// with the smallest running total (lowest rank on ties); totals carry across groups. Each shard
+// holds its trainable params in registration order, unpadded; so freezing a param moves no
+// other param to another rank.
 Layout make_sorted_greedy_layout(const std::vector<ParamInfo>& params, int world);
 
 // replicated: one shard with everything, identical on every rank.
@@ -65,7 +68,7 @@ Layout make_replicated_layout(const std::vector<ParamInfo>& params, int world);
 Layout make_layout(Strategy strategy, const std::vector<ParamInfo>& params, int world,
                    int64_t alignment);
 
-// The greedy assignment alone: for each param, its rank (-1 when frozen).
+// The greedy assignment alone: for each param, its rank (frozen params included).
 std::vector<int32_t> sorted_greedy_owners(const std::vector<ParamInfo>& params, int world);
 
 }  // namespace partition

@@ -313,7 +313,7 @@ TEST_CASE("a bad argument on one rank fails the collective create on every rank,
     RawModel model({culprit ? 5 : 4}, false);
     const shardopt_param_group_desc g = model.group();
     CHECK(shardopt_optimizer_create(comm.get(), nullptr, &g, 1, &opt) == SHARDOPT_ERR_MISMATCH);
-    CHECK(contains(last_error(), "differs across ranks at parameter #0"));
+    CHECK(contains(last_error(), "ranks disagree on parameter #0"));
   }
   SECTION("add_param_group: a NULL group on rank 1") {
     RawModel model({4}, false);

@@ -454,7 +454,7 @@ TEST_CASE("stage 2 and mixed-precision misuse is refused with errors that name i
       opt.reduce_gradient(reversed ? 0 : 1, grad);
       const auto [code, message] = error_of([&] { opt.reduce_gradients(); });
       CHECK(code == ErrorCode::mismatch);
-      CHECK_THAT(message, Catch::Contains("rank 1 handed its gradients in another order"));
+      CHECK_THAT(message, Catch::Contains("reduce_gradients: ranks disagree on gradient hand-over order"));
     }
   }
   SECTION("reduce_gradient is for stage 2, clip_grad_norm takes 2 or inf") {

@@ -1,17 +1,10 @@
-// src/checkpoint/optimizer_access.cpp — state kinds and model comparison for checkpoints.
-#include "checkpoint/optimizer_access.hpp"
+// src/checkpoint/optimizer_parts.cpp — checks shared by checkpoint loads and saves: host state, state kind names, same model.
+#include "checkpoint/optimizer_parts.hpp"
+
+#include "core/check.hpp"
 
 namespace shardopt {
 namespace checkpoint {
-
-std::vector<std::string> state_kind_names(const std::array<bool, optim::kStateKinds>& kinds) {
-  std::vector<std::string> names;
-  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    if (kinds[k]) names.push_back(optim::kStateNames[k]);
-  }
-  return names;
-}
-
 namespace {
 
 std::string describe_saved(const ManifestParam& p) {
@@ -23,11 +16,24 @@ std::string describe_here(const optim::ParamRecord& p) {
 
 }  // namespace
 
+void require_host_state(const optim::DeviceContext& dev, const char* what) {
+  SHARDOPT_CHECK(!dev.on_device(), unsupported,
+                 "{}: checkpoints of an optimizer whose parameters are on {} are not supported yet", what,
+                 device_name(dev.device()));
+}
+
+std::vector<std::string> state_kind_names(const optim::StateMask& kinds) {
+  std::vector<std::string> names;
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    if (kinds[k]) names.push_back(optim::kStateNames[k]);
+  }
+  return names;
+}
+
 void check_same_model(Algorithm algorithm, const std::vector<optim::ParamRecord>& params, std::size_t num_groups,
                       const Manifest& manifest, const std::string& source) {
-  SHARDOPT_CHECK(manifest.algorithm == algorithm, mismatch,
-                 "{} was saved by a {} optimizer; this optimizer runs {}", source, algorithm_name(manifest.algorithm),
-                 algorithm_name(algorithm));
+  SHARDOPT_CHECK(manifest.algorithm == algorithm, mismatch, "{} was saved by a {} optimizer; this optimizer runs {}",
+                 source, algorithm_name(manifest.algorithm), algorithm_name(algorithm));
   const std::size_t common = std::min(manifest.params.size(), params.size());
   for (std::size_t i = 0; i < common; ++i) {
     const ManifestParam& saved = manifest.params[i];
@@ -42,8 +48,8 @@ void check_same_model(Algorithm algorithm, const std::vector<optim::ParamRecord>
                  manifest.params.size(), params.size(),
                  manifest.params.size() > common ? describe_saved(manifest.params[common]) + " in the checkpoint"
                                                  : describe_here(params[common]) + " here");
-  SHARDOPT_CHECK(manifest.groups.size() == num_groups, mismatch,
-                 "{} has {} param groups, this optimizer {}", source, manifest.groups.size(), num_groups);
+  SHARDOPT_CHECK(manifest.groups.size() == num_groups, mismatch, "{} has {} param groups, this optimizer {}", source,
+                 manifest.groups.size(), num_groups);
 }
 
 }  // namespace checkpoint

@@ -1,0 +1,89 @@
+// src/comm/agreement.hpp — the one protocol by which ranks agree on a collective decision, or all fail with the same named error.
+//
+// Every collective entry point of shardopt starts with an agreement: each rank describes what
+// it is about to do (the operation, the arguments and settings that must match, whether its own
+// validation failed) in a record of one fixed size, and the records are all-gathered. Ranks in
+// different calls, with different values, or with an invalid value on any one of them then all
+// raise the same Error instead of cross-matching collectives, hanging, or diverging.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardopt/communicator.hpp"
+#include "shardopt/error.hpp"
+
+namespace shardopt {
+namespace comm {
+
+// Numbers a rank shares with the others in the same collective (flags, partial norms, sizes):
+// returned to every rank, never compared.
+constexpr std::size_t kPayloadSlots = 4;
+using Payload = std::array<uint64_t, kPayloadSlots>;
+
+// What one rank contributes. Fields are compared by hash; their text is exchanged only when
+// they differ, to name them.
+class AgreementRecord {
+ public:
+  // `operation` names the call ("step", "save", "ZeroOptimizer"): messages print it as "step()".
+  explicit AgreementRecord(std::string operation) : operation_(std::move(operation)) {}
+
+  // A value that must be the same on every rank, as text ("0.001", "adamw", "true").
+  void field(std::string name, std::string value);
+  // This rank's own validation failed: every rank raises this error's code.
+  void fail(const Error& error);
+  // Runs `check`; an Error it throws becomes this rank's failure. Returns whether it passed.
+  template <typename Check>
+  bool validate(Check&& check) {
+    if (failure_) return false;
+    try {
+      check();
+      return true;
+    } catch (const Error& e) {
+      fail(e);
+      return false;
+    }
+  }
+  void set_payload(std::size_t slot, uint64_t value) { payload_.at(slot) = value; }
+
+  const std::string& operation() const { return operation_; }
+  bool failed() const { return failure_.has_value(); }
+  const std::optional<Error>& failure() const { return failure_; }
+  const Payload& payload() const { return payload_; }
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<std::string>& values() const { return values_; }
+  const std::vector<uint64_t>& hashes() const { return hashes_; }
+
+ private:
+  std::string operation_;
+  std::vector<std::string> names_;
+  std::vector<std::string> values_;
+  std::vector<uint64_t> hashes_;
+  std::optional<Error> failure_;
+  Payload payload_{};
+};
+
+// Collective over `comm`: every rank must call it (every shardopt entry point does, first).
+// Raises on every rank, in this order of precedence:
+//  - Error(mismatch) "{op}: ranks are in different calls: rank a is in X(), rank b is in Y()";
+//  - a rank's validation failure: that rank rethrows its own Error, the others raise the same
+//    code with "{op} failed on rank r: {its message}" (r: the lowest failing rank);
+//  - Error(mismatch) "{op}: ranks disagree on {field}: rank a has {value}, rank b has {value}"
+//    for the first field where the lowest differing rank b differs from rank a = 0.
+// Otherwise returns every rank's payload, in rank order.
+std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine);
+
+// For a failure found before an entry point's own agreement could be built (a C ABI argument
+// that could not even be read): joins the agreement of `operation` with it, so that the other
+// ranks raise too, then rethrows `error` here.
+[[noreturn]] void fail_together(Communicator& comm, const std::string& operation, const Error& error);
+
+// A double carried in a payload slot, bit for bit.
+uint64_t double_bits(double value);
+double bits_double(uint64_t bits);
+
+}  // namespace comm
+}  // namespace shardopt

@@ -1,0 +1,262 @@
+// src/optim/grad_reducer.cpp — stage 1 (bucketed all-reduce) and stage 2 (buckets reduced to their owners) gradient averaging.
+//
+// Stage 2: the layout's positions [0, buffer_numel) are cut into buckets of bucket_elements.
+// Each rank's shard is a contiguous range of positions, so a bucket meets each rank's shard in
+// at most one contiguous piece: reducing the bucket is one rooted reduce per owner, straight
+// into that owner's shard gradients. Together they move what one reduce-scatter would.
+#include "optim/grad_reducer.hpp"
+
+#include <algorithm>
+
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace optim {
+
+uint64_t GradReducer::reduce_all() {
+  const device::ScopedDevice scope(dev_.device());
+  if (shard_.stage2()) {
+    if (!shard_.bucket_view()) {
+      SHARDOPT_CHECK(handed_count_ == 0, internal, "stage-2 round already open with external storage");
+      const std::vector<ParamRecord>& params = table_.params();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (params[i].trainable) hand_gradient(i, params[i].user_grad);
+      }
+    }
+    return finish_round();
+  }
+  if (dev_.world() == 1) return 0;
+  if (shard_.bucket_view()) {
+    all_reduce_bucket_view();
+  } else {
+    all_reduce_external();
+  }
+  return 0;
+}
+
+void GradReducer::all_reduce_bucket_view() {
+  dev_.settle_before_collective();
+  // Two buckets in flight: the next one starts while the last finishes, and MPI's temporary
+  // buffers stay at two buckets instead of a whole gradient's worth.
+  const core::FlatBuffer& grads = shard_.flat_grads();
+  std::unique_ptr<PendingCollective> in_flight[2];
+  const int64_t total = shard_.layout().buffer_numel;
+  int64_t index = 0;
+  for (int64_t begin = 0; begin < total; begin += bucket_numel(), ++index) {
+    const int64_t count = std::min(bucket_numel(), total - begin);
+    auto& slot = in_flight[index % 2];
+    if (slot) slot->wait();
+    slot = dev_.comm().all_reduce_async(grads.at(begin), count, shard_.dtype(), dev_.gradient_average_op());
+  }
+  for (auto& slot : in_flight) {
+    if (slot) slot->wait();
+  }
+  dev_.finish_gradient_average(grads.raw(), total, shard_.dtype());
+}
+
+// External: packs trainable gradients into one staging bucket at a time, averages, unpacks.
+void GradReducer::all_reduce_external() {
+  const DType dt = shard_.dtype();
+  const core::FlatBuffer& staging = shard_.grad_staging();
+  struct Piece {
+    char* grad;
+    int64_t offset;
+    int64_t length;
+  };
+  std::vector<Piece> pieces;
+  int64_t filled = 0;
+  auto flush = [&] {
+    if (filled == 0) return;
+    dev_.settle_before_collective();
+    dev_.comm().all_reduce(staging.raw(), filled, dt, dev_.gradient_average_op());
+    dev_.finish_gradient_average(staging.raw(), filled, dt);
+    for (const Piece& piece : pieces) dev_.copy_bytes(piece.grad, staging.at(piece.offset), span_bytes(piece.length, dt));
+    pieces.clear();
+    filled = 0;
+  };
+  for (const ParamRecord& p : table_.params()) {
+    if (!p.trainable) continue;
+    for (int64_t done = 0; done < p.numel;) {
+      const int64_t length = std::min(p.numel - done, staging.numel() - filled);
+      char* source = element(p.user_grad, done, dt);
+      dev_.copy_bytes(staging.at(filled), source, span_bytes(length, dt));
+      pieces.push_back(Piece{source, filled, length});
+      filled += length;
+      done += length;
+      if (filled == staging.numel()) flush();
+    }
+  }
+  flush();
+}
+
+void GradReducer::open_round_if_needed() {
+  if (!buckets_.empty()) return;
+  const partition::Layout& layout = shard_.layout();
+  const int64_t total = layout.buffer_numel;
+  for (int64_t begin = 0; begin < total; begin += bucket_numel()) {
+    Bucket bucket;
+    bucket.begin = begin;
+    bucket.length = std::min(bucket_numel(), total - begin);
+    buckets_.push_back(std::move(bucket));
+  }
+  const std::vector<ParamRecord>& params = table_.params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].trainable) continue;
+    const int64_t lo = layout.param_offset[i];
+    const int64_t hi = lo + params[i].numel;
+    for (int64_t pos = lo; pos < hi;) {
+      Bucket& b = buckets_[static_cast<std::size_t>(pos / bucket_numel())];
+      const int64_t end = std::min(hi, b.begin + b.length);
+      b.missing += end - pos;
+      pos = end;
+    }
+  }
+  handed_.assign(params.size(), false);
+}
+
+int GradReducer::acquire_staging() {
+  for (std::size_t i = 0; i < staging_busy_.size(); ++i) {
+    if (!staging_busy_[i]) {
+      staging_busy_[i] = true;
+      return static_cast<int>(i);
+    }
+  }
+  // A model smaller than one bucket needs no more staging than itself.
+  staging_.push_back(dev_.new_buffer(std::min(bucket_numel(), shard_.layout().buffer_numel), shard_.dtype()));
+  staging_busy_.push_back(true);
+  return static_cast<int>(staging_.size()) - 1;
+}
+
+void GradReducer::wait_bucket(int index) {
+  Bucket& b = buckets_[static_cast<std::size_t>(index)];
+  for (auto& p : b.pending) p->wait();
+  b.pending.clear();
+  if (b.slot >= 0) staging_busy_[static_cast<std::size_t>(b.slot)] = false;
+  b.slot = -1;
+}
+
+void GradReducer::finish_in_flight() {
+  for (int index : in_flight_) wait_bucket(index);
+  in_flight_.clear();
+}
+
+// All of a bucket's gradients are in: reduce each owner's piece to it.
+void GradReducer::issue_bucket(int index) {
+  Bucket& b = buckets_[static_cast<std::size_t>(index)];
+  if (in_flight_.size() >= kBucketsInFlight) {
+    wait_bucket(in_flight_.front());
+    in_flight_.erase(in_flight_.begin());
+  }
+  dev_.settle_before_collective();
+  const DType dt = shard_.dtype();
+  const core::FlatBuffer& staged = staging_[static_cast<std::size_t>(b.slot)];
+  const partition::Layout& layout = shard_.layout();
+  for (int r = 0; r < dev_.world(); ++r) {
+    const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
+    const int64_t lo = std::max(b.begin, shard.offset);
+    const int64_t hi = std::min(b.begin + b.length, shard.offset + shard.numel);
+    if (lo >= hi) continue;
+    void* into = r == dev_.rank() ? static_cast<void*>(shard_.shard_grads().at(lo - shard.offset)) : nullptr;
+    if (dev_.world() == 1) {
+      dev_.copy_bytes(into, staged.at(lo - b.begin), span_bytes(hi - lo, dt));
+      continue;
+    }
+    b.pending.push_back(
+        dev_.comm().reduce_async(staged.at(lo - b.begin), into, hi - lo, dt, dev_.gradient_average_op(), r));
+  }
+  in_flight_.push_back(index);
+}
+
+void GradReducer::hand_gradient(std::size_t i, const void* grad) {
+  open_round_if_needed();
+  const ParamRecord& p = table_.params()[i];
+  const DType dt = shard_.dtype();
+  const int64_t lo = shard_.layout().param_offset[i];
+  for (int64_t pos = lo; pos < lo + p.numel;) {
+    const int index = static_cast<int>(pos / bucket_numel());
+    Bucket& b = buckets_[static_cast<std::size_t>(index)];
+    const int64_t end = std::min(lo + p.numel, b.begin + b.length);
+    if (b.slot < 0) b.slot = acquire_staging();
+    dev_.copy_bytes(staging_[static_cast<std::size_t>(b.slot)].at(pos - b.begin),
+                    element(const_cast<void*>(grad), pos - lo, dt), span_bytes(end - pos, dt));
+    b.missing -= end - pos;
+    pos = end;
+    if (b.missing == 0) issue_bucket(index);
+  }
+  handed_[i] = true;
+  ++handed_count_;
+  handed_order_ = (handed_order_ ^ (static_cast<uint64_t>(i) + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+}
+
+void GradReducer::hand(ParamId id, const TensorRef& grad) {
+  const device::ScopedDevice scope(dev_.device());
+  SHARDOPT_CHECK(shard_.stage2(), invalid_argument,
+                 "reduce_gradient() is for stage 2; at stage 1 write gradients into grad_view() and call "
+                 "reduce_gradients()");
+  SHARDOPT_CHECK(shard_.bucket_view(), invalid_argument,
+                 "reduce_gradient(): with external storage, reduce_gradients() reads the registered gradient "
+                 "buffers itself");
+  const ParamRecord& p = table_.param(id);
+  SHARDOPT_CHECK(p.trainable, invalid_argument, "reduce_gradient(): parameter '{}' is frozen", p.name);
+  SHARDOPT_CHECK(grad.numel == p.numel && grad.dtype == p.dtype && grad.device == p.device, invalid_argument,
+                 "reduce_gradient(): the gradient of '{}' has {} elements ({}, {}); the parameter has {} ({}, {})",
+                 p.name, grad.numel, dtype_name(grad.dtype), device_name(grad.device), p.numel, dtype_name(p.dtype),
+                 device_name(p.device));
+  SHARDOPT_CHECK(grad.data != nullptr || p.numel == 0, invalid_argument,
+                 "reduce_gradient(): the gradient of '{}' has no data", p.name);
+  open_round_if_needed();
+  SHARDOPT_CHECK(!handed_[static_cast<std::size_t>(id)], invalid_argument,
+                 "reduce_gradient(): the gradient of '{}' was already handed in this round (call "
+                 "reduce_gradients() to finish a round before the next)",
+                 p.name);
+  hand_gradient(static_cast<std::size_t>(id), grad.data);
+  // The caller may reuse its buffer once this returns.
+  dev_.synchronize("reduce_gradient");
+}
+
+// Every bucket must be complete; then the round is finished.
+uint64_t GradReducer::finish_round() {
+  open_round_if_needed();
+  const std::vector<ParamRecord>& params = table_.params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    SHARDOPT_CHECK(!params[i].trainable || handed_[i], invalid_argument,
+                   "reduce_gradients(): rank {} never handed the gradient of '{}' with reduce_gradient() in this "
+                   "round (every trainable parameter must be handed, on every rank, in the same order)",
+                   dev_.rank(), params[i].name);
+  }
+  finish_in_flight();
+  dev_.finish_gradient_average(shard_.shard_grads().raw(), shard_.shard_grads().numel(), shard_.dtype());
+  const uint64_t order = handed_order_;
+  end_round();
+  return order;
+}
+
+void GradReducer::check_no_open_round(const char* what) const {
+  SHARDOPT_CHECK(handed_count_ == 0, invalid_argument,
+                 "{}: gradients were handed with reduce_gradient() but the round was not finished with "
+                 "reduce_gradients()",
+                 what);
+}
+
+void GradReducer::end_round() {
+  finish_in_flight();
+  buckets_.clear();
+  handed_.assign(table_.size(), false);
+  handed_count_ = 0;
+  handed_order_ = 0;
+}
+
+void GradReducer::reset() {
+  end_round();
+  staging_.clear();
+  staging_busy_.clear();
+}
+
+int64_t GradReducer::staging_bytes() const {
+  int64_t bytes = 0;
+  for (const core::FlatBuffer& b : staging_) bytes += b.bytes();
+  return bytes;
+}
+
+}  // namespace optim
+}  // namespace shardopt

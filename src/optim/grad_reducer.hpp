@@ -1,0 +1,68 @@
+// src/optim/grad_reducer.hpp — averaging gradients over the ranks: stage 1's bucketed all-reduce, stage 2's buckets reduced to their owners as they complete.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "optim/shard_state.hpp"
+
+namespace shardopt {
+namespace optim {
+
+class GradReducer {
+ public:
+  GradReducer(const DeviceContext& dev, const OptimizerConfig& config, const ParamTable& table,
+              const ShardState& shard)
+      : dev_(dev), config_(config), table_(table), shard_(shard) {}
+
+  // Collective: the whole reduction (stage 1), or the end of a stage-2 round (external storage
+  // hands every registered gradient first). Returns a hash of this round's hand-over order
+  // (stage 2; 0 otherwise), which the caller has the ranks agree on.
+  uint64_t reduce_all();
+  // Stage 2, bucket view: copies param `id`'s local gradient into its buckets, reducing each
+  // bucket it completes. Checks the argument first.
+  void hand(ParamId id, const TensorRef& grad);
+  // A stage-2 round that has begun must be finished by reduce_gradients() before `what`.
+  void check_no_open_round(const char* what) const;
+  // Forgets buckets, hand-overs and staging (for a layout change, which needs no open round).
+  void reset();
+  int64_t staging_bytes() const;
+
+ private:
+  struct Bucket {
+    int64_t begin = 0;    // global position (layout order) of its first element
+    int64_t length = 0;
+    int64_t missing = 0;  // trainable elements not handed yet
+    int slot = -1;        // staging buffer in use, -1 until the first hand-over
+    std::vector<std::unique_ptr<PendingCollective>> pending;  // its reduces, once issued
+  };
+  static constexpr std::size_t kBucketsInFlight = 2;
+
+  void all_reduce_bucket_view();
+  void all_reduce_external();
+  void open_round_if_needed();
+  int acquire_staging();
+  void wait_bucket(int index);
+  void finish_in_flight();
+  void issue_bucket(int index);
+  void hand_gradient(std::size_t i, const void* grad);
+  uint64_t finish_round();
+  void end_round();
+  int64_t bucket_numel() const { return bucket_elements(config_, shard_.dtype()); }
+
+  const DeviceContext& dev_;
+  const OptimizerConfig& config_;
+  const ParamTable& table_;
+  const ShardState& shard_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<core::FlatBuffer> staging_;  // a pool: at most kBucketsInFlight + open ones
+  std::vector<bool> staging_busy_;
+  std::vector<int> in_flight_;  // issued, not yet waited for, oldest first
+  std::vector<bool> handed_;    // per param, this round
+  int64_t handed_count_ = 0;
+  uint64_t handed_order_ = 0;
+};
+
+}  // namespace optim
+}  // namespace shardopt

@@ -1,0 +1,91 @@
+// src/optim/param_sync.cpp — the bucketed parameter sync (both partitions) and its pipelined form.
+#include "optim/param_sync.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+namespace shardopt {
+namespace optim {
+
+void ParamSync::exchange_shards(void* buffer) {
+  dev_.settle_before_collective();
+  const DType dt = shard_.dtype();
+  const int64_t bucket = bucket_elements(config_, dt);
+  std::vector<std::unique_ptr<PendingCollective>> pending;
+  for (int r = 0; r < dev_.world(); ++r) {
+    const partition::RankShard& shard = shard_.layout().shards[static_cast<std::size_t>(r)];
+    for (int64_t begin = 0; begin < shard.numel; begin += bucket) {
+      const int64_t count = std::min(bucket, shard.numel - begin);
+      pending.push_back(dev_.comm().broadcast_async(element(buffer, shard.offset + begin, dt), count, dt, r));
+    }
+  }
+  for (auto& p : pending) p->wait();
+}
+
+void ParamSync::copy_segments(const partition::RankShard& shard, bool to_staging) {
+  const DType dt = shard_.dtype();
+  for (const partition::Segment& s : shard.segments) {
+    char* user = element(table_.params()[static_cast<std::size_t>(s.param)].user_param, s.param_offset, dt);
+    char* staged = shard_.sync_staging().at(shard.offset + s.shard_offset);
+    const std::size_t bytes = span_bytes(s.length, dt);
+    if (bytes == 0) continue;
+    if (to_staging) {
+      dev_.copy_bytes(staged, user, bytes);
+    } else {
+      dev_.copy_bytes(user, staged, bytes);
+    }
+  }
+}
+
+void ParamSync::sync() {
+  if (!shard_.sharded()) return;
+  const device::ScopedDevice scope(dev_.device());
+  if (shard_.bucket_view()) {
+    exchange_shards(shard_.flat_params().raw());
+    return;
+  }
+  copy_segments(shard_.own_shard(), /*to_staging=*/true);
+  exchange_shards(shard_.sync_staging().raw());
+  for (int r = 0; r < dev_.world(); ++r) {
+    if (r != dev_.rank()) copy_segments(shard_.layout().shards[static_cast<std::size_t>(r)], /*to_staging=*/false);
+  }
+}
+
+void ParamSync::update_and_sync(const std::function<void(int64_t, int64_t)>& update) {
+  const DType dt = shard_.dtype();
+  const int64_t chunk =
+      config_.pipeline_chunk_bytes / static_cast<int64_t>(dtype_size(dt)) / kShardAlignment * kShardAlignment;
+  if (chunk <= 0 || !shard_.sharded() || !shard_.bucket_view()) {
+    update(0, shard_.own_shard().numel);
+    sync();
+    return;
+  }
+  const partition::Layout& layout = shard_.layout();
+  int64_t largest = 0;
+  for (const partition::RankShard& shard : layout.shards) largest = std::max(largest, shard.numel);
+  constexpr std::size_t kChunksInFlight = 2;
+  std::vector<std::vector<std::unique_ptr<PendingCollective>>> in_flight;
+  for (int64_t begin = 0; begin < largest; begin += chunk) {
+    update(begin, begin + chunk);  // nothing past this rank's shard
+    dev_.settle_before_collective();
+    std::vector<std::unique_ptr<PendingCollective>> round;
+    for (int r = 0; r < dev_.world(); ++r) {
+      const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
+      if (begin >= shard.numel) continue;
+      const int64_t count = std::min(chunk, shard.numel - begin);
+      round.push_back(dev_.comm().broadcast_async(shard_.flat_params().at(shard.offset + begin), count, dt, r));
+    }
+    in_flight.push_back(std::move(round));
+    if (in_flight.size() > kChunksInFlight) {
+      for (auto& p : in_flight.front()) p->wait();
+      in_flight.erase(in_flight.begin());
+    }
+  }
+  for (auto& round : in_flight) {
+    for (auto& p : round) p->wait();
+  }
+}
+
+}  // namespace optim
+}  // namespace shardopt

@@ -1,0 +1,38 @@
+// src/optim/param_sync.hpp — after the update, every rank's shard of the parameters reaches every rank: bucketed broadcasts from each owner, optionally pipelined with the update.
+#pragma once
+
+#include <functional>
+
+#include "optim/shard_state.hpp"
+
+namespace shardopt {
+namespace optim {
+
+class ParamSync {
+ public:
+  ParamSync(const DeviceContext& dev, const OptimizerConfig& config, const ParamTable& table, ShardState& shard)
+      : dev_(dev), config_(config), table_(table), shard_(shard) {}
+
+  // Collective when sharded: every rank's shard reaches every rank (external storage copies
+  // through the staging buffer into the caller's buffers).
+  void sync();
+  // update(lo, hi) updates this rank's shard elements [lo, hi). Unpipelined: the whole update,
+  // then sync(). Pipelined (bucket view, sharded, config.pipeline_chunk_bytes > 0): chunk k's
+  // broadcasts run while chunk k+1 is updated; every rank walks the same (chunk, owner) order.
+  void update_and_sync(const std::function<void(int64_t, int64_t)>& update);
+
+ private:
+  // Bucket by bucket, each rank's shard of `buffer` (laid out as the layout's shards) is
+  // broadcast from its owner, all in flight together; every bucket is config.bucket_bytes at
+  // most, so no single collective exceeds it (or MPI's count limit).
+  void exchange_shards(void* buffer);
+  void copy_segments(const partition::RankShard& shard, bool to_staging);
+
+  const DeviceContext& dev_;
+  const OptimizerConfig& config_;
+  const ParamTable& table_;
+  ShardState& shard_;
+};
+
+}  // namespace optim
+}  // namespace shardopt

@@ -1,0 +1,176 @@
+// src/optim/param_table.cpp — registration checks (names, buffers, one device, one dtype) and the table of params and groups.
+#include "optim/param_table.hpp"
+
+#include "core/check.hpp"
+#include "core/device_memory.hpp"
+#include "optim/hyperparams.hpp"
+
+namespace shardopt {
+namespace optim {
+namespace {
+
+// One flat buffer per optimizer: every parameter has the first one's dtype.
+void check_param_dtype(const std::string& label, DType d, DeviceChoice& choice) {
+  SHARDOPT_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16, invalid_argument,
+                 "parameter {} has an unknown dtype ({})", label, static_cast<int>(d));
+  if (!choice.dtype_fixed) {
+    choice.dtype_fixed = true;
+    choice.dtype = d;
+    choice.dtype_source = "parameter " + label;
+  }
+  SHARDOPT_CHECK(d == choice.dtype, unsupported,
+                 "parameter {} is {}, but {} is {}: all parameters of an optimizer share one dtype "
+                 "(use one optimizer per dtype)",
+                 label, dtype_name(d), choice.dtype_source, dtype_name(choice.dtype));
+}
+
+void check_param_device(const std::string& label, Device d, DeviceChoice& choice, int rank) {
+  SHARDOPT_CHECK(!d.is_cuda() || device::cuda_compiled_in(), unsupported,
+                 "parameter {} is on {}, but this build has no CUDA support (configure shardopt "
+                 "with SHARDOPT_WITH_CUDA=ON where the CUDA toolkit is installed)",
+                 label, device_name(d));
+  if (!choice.fixed) {
+    const std::string unusable = device::unusable_reason(d);
+    SHARDOPT_CHECK(unusable.empty(), cuda, "parameter {} is on {}, but rank {} cannot use it: {}", label,
+                   device_name(d), rank, unusable);
+    choice.fixed = true;
+    choice.device = d;
+    choice.source = "parameter " + label;
+  }
+  SHARDOPT_CHECK(d == choice.device, unsupported,
+                 "parameter {} is on {}, but {} is on {}: all parameters of an optimizer must "
+                 "live on one device, the communicator's device for a device communicator",
+                 label, device_name(d), choice.source, device_name(choice.device));
+}
+
+void check_buffers(const std::string& label, const ParamSpec& p, Storage storage) {
+  if (storage == Storage::bucket_view) {
+    SHARDOPT_CHECK(p.grad.data == nullptr, invalid_argument,
+                   "parameter {}: in bucket_view storage shardopt owns the gradient; leave grad.data null and "
+                   "write into grad_view()",
+                   label);
+    return;
+  }
+  SHARDOPT_CHECK(p.param.data != nullptr || p.param.numel == 0, invalid_argument,
+                 "parameter {}: external storage needs the parameter buffer (param.data is null)", label);
+  SHARDOPT_CHECK(p.grad.data != nullptr || p.param.numel == 0, invalid_argument,
+                 "parameter {}: external storage needs a gradient buffer (grad.data is null)", label);
+  SHARDOPT_CHECK(p.grad.numel == p.param.numel && p.grad.dtype == p.param.dtype && p.grad.device == p.param.device,
+                 invalid_argument,
+                 "parameter {}: gradient ({} elements, {}, {}) does not match the parameter ({} elements, {}, {})",
+                 label, p.grad.numel, dtype_name(p.grad.dtype), device_name(p.grad.device), p.param.numel,
+                 dtype_name(p.param.dtype), device_name(p.param.device));
+  if (p.param.device.is_cuda() && p.param.numel > 0) {
+    device::check_cuda_pointer(p.param.device, p.param.data, fmt::format("parameter {}: param.data", label));
+    device::check_cuda_pointer(p.param.device, p.grad.data, fmt::format("parameter {}: grad.data", label));
+  }
+}
+
+}  // namespace
+
+std::string describe(const ParamRecord& p) {
+  return fmt::format("'{}' (numel {}, {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype),
+                     p.device.is_cpu() ? "cpu" : "cuda", p.group);
+}
+
+Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const OptimizerConfig& config,
+                                 Device comm_device, const std::string& comm_label, int rank) const {
+  Registration out;
+  DeviceChoice& choice = out.choice;
+  if (comm_device.is_cuda()) {
+    choice.fixed = true;
+    choice.device = comm_device;
+    choice.source = comm_label;
+  } else if (!params_.empty()) {
+    choice.fixed = true;
+    choice.device = device_;
+    choice.source = fmt::format("parameter '{}'", params_.front().name);
+  }
+  if (!params_.empty()) {
+    choice.dtype_fixed = true;
+    choice.dtype = dtype_;
+    choice.dtype_source = fmt::format("parameter '{}'", params_.front().name);
+  }
+  SHARDOPT_CHECK(!specs.empty(), invalid_argument, "the parameter list is empty");
+  for (std::size_t g = 0; g < specs.size(); ++g) {
+    const ParamGroupSpec& spec = specs[g];
+    const int group_index = num_groups() + static_cast<int>(g);
+    const Hyperparams hyper = spec.hyper.resolve(defaults_);
+    validate_hyperparams(hyper, config.algorithm, group_index);
+    SHARDOPT_CHECK(!spec.params.empty(), invalid_argument, "param group {} has an empty parameter list", group_index);
+    out.groups.push_back(hyper);
+    for (const ParamSpec& p : spec.params) {
+      const std::size_t position = params_.size() + out.records.size();
+      const std::string label = p.name.empty() ? fmt::format("#{}", position) : "'" + p.name + "'";
+      SHARDOPT_CHECK(!p.name.empty(), invalid_argument, "parameter {} in group {} has no name", label, group_index);
+      SHARDOPT_CHECK(p.param.numel >= 0, invalid_argument, "parameter {} has negative numel {}", label, p.param.numel);
+      check_param_device(label, p.param.device, choice, rank);
+      check_param_dtype(label, p.param.dtype, choice);
+      check_buffers(label, p, config.storage);
+      for (const ParamRecord& existing : params_) {
+        SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
+      }
+      for (const ParamRecord& earlier : out.records) {
+        SHARDOPT_CHECK(earlier.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
+      }
+      ParamRecord r;
+      r.name = p.name;
+      r.numel = p.param.numel;
+      r.dtype = p.param.dtype;
+      r.device = p.param.device;
+      r.group = group_index;
+      r.user_param = p.param.data;
+      r.user_grad = p.grad.data;
+      out.records.push_back(std::move(r));
+      out.initial_values.push_back(p.param.data);
+    }
+  }
+  return out;
+}
+
+void ParamTable::append(Registration registration) {
+  if (params_.empty()) {
+    dtype_ = registration.choice.dtype;
+    device_ = registration.choice.device;
+  }
+  for (const Hyperparams& h : registration.groups) groups_.push_back(h);
+  int64_t next_index = params_.empty() ? 0 : params_.back().first_index + params_.back().numel;
+  for (ParamRecord& r : registration.records) {
+    r.first_index = next_index;
+    next_index += r.numel;
+    params_.push_back(std::move(r));
+  }
+}
+
+const ParamRecord& ParamTable::param(ParamId id) const {
+  SHARDOPT_CHECK(id >= 0 && static_cast<std::size_t>(id) < params_.size(), invalid_argument,
+                 "parameter id {} is out of range (0..{})", id, static_cast<int64_t>(params_.size()) - 1);
+  return params_[static_cast<std::size_t>(id)];
+}
+
+ParamRecord& ParamTable::param(ParamId id) {
+  return const_cast<ParamRecord&>(static_cast<const ParamTable&>(*this).param(id));
+}
+
+ParamId ParamTable::find(const std::string& name) const {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].name == name) return static_cast<ParamId>(i);
+  }
+  raise(ErrorCode::invalid_argument, "no parameter named '{}' is registered", name);
+}
+
+Hyperparams& ParamTable::group(int index) {
+  SHARDOPT_CHECK(index >= 0 && index < num_groups(), invalid_argument, "param group {} does not exist (there are {})",
+                 index, num_groups());
+  return groups_[static_cast<std::size_t>(index)];
+}
+
+std::vector<partition::ParamInfo> ParamTable::infos() const {
+  std::vector<partition::ParamInfo> infos;
+  infos.reserve(params_.size());
+  for (const ParamRecord& p : params_) infos.push_back({p.numel, p.group, p.trainable});
+  return infos;
+}
+
+}  // namespace optim
+}  // namespace shardopt

@@ -1,0 +1,223 @@
+// src/optim/shard_state.cpp — layout rebuilds with state migration, update runs, masters, and the checkpoint interface of the shard.
+#include "optim/shard_state.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.hpp"
+#include "cpu/update_cpu.hpp"
+#include "optim/device_update.hpp"
+
+namespace shardopt {
+namespace optim {
+
+partition::Strategy strategy_of(const OptimizerConfig& config) {
+  if (!config.shard_state) return partition::Strategy::replicated;
+  return config.partition == PartitionStrategy::flat ? partition::Strategy::flat : partition::Strategy::sorted_greedy;
+}
+
+StateMask ShardState::state_kinds_needed() const {
+  const std::vector<Hyperparams> groups(table_.groups().begin(), table_.groups().end());
+  StateMask needed = optim::state_kinds_needed(config_.algorithm, dtype(), groups);
+  // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
+  for (std::size_t k = 0; k < kStateKinds; ++k) needed[k] = needed[k] || state_in_use_[k];
+  return needed;
+}
+
+void ShardState::ensure_state_kinds() {
+  const StateMask needed = state_kinds_needed();
+  for (std::size_t k = 0; k < kStateKinds; ++k) {
+    if (needed[k] && state_[k].numel() != own_shard().numel) state_[k].resize(own_shard().numel);
+  }
+  state_in_use_ = needed;
+}
+
+void ShardState::migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const {
+  const std::vector<ParamRecord>& params = table_.params();
+  // This rank's new pieces, by param.
+  std::vector<std::vector<const partition::Segment*>> mine(params.size());
+  for (const partition::Segment& s : to.shards[static_cast<std::size_t>(dev_.rank())].segments) {
+    mine[static_cast<std::size_t>(s.param)].push_back(&s);
+  }
+  const bool replicated = from.strategy == partition::Strategy::replicated;
+  const int world = dev_.world();
+  const int sources = replicated ? 1 : world;
+  // One receive buffer for every broadcast (on a device, each allocation would cost a cudaFree).
+  core::FlatBuffer incoming(dev_.device(), dev_.stream());
+  int64_t largest = 0;
+  for (const partition::RankShard& shard : from.shards) largest = std::max(largest, shard.numel);
+  for (std::size_t k = 0; k < kStateKinds; ++k) {
+    // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
+    if (!state_in_use_[k]) continue;
+    for (int r = 0; r < sources; ++r) {
+      const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? dev_.rank() : r)];
+      const float* source = state_[k].data();
+      if (!replicated && world > 1) {
+        if (incoming.empty()) incoming.resize(largest);
+        if (r == dev_.rank()) {
+          dev_.copy_bytes(incoming.data(), state_[k].data(), static_cast<std::size_t>(old_shard.numel) * sizeof(float));
+        }
+        dev_.settle_before_collective();
+        dev_.comm().broadcast(incoming.data(), old_shard.numel, DType::f32, r);
+        source = incoming.data();
+      }
+      for (const partition::Segment& old_seg : old_shard.segments) {
+        for (const partition::Segment* new_seg : mine[static_cast<std::size_t>(old_seg.param)]) {
+          const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
+          const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
+          if (lo >= hi) continue;
+          dev_.copy_bytes(next[k].data() + new_seg->shard_offset + (lo - new_seg->param_offset),
+                          source + old_seg.shard_offset + (lo - old_seg.param_offset),
+                          static_cast<std::size_t>(hi - lo) * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t first_new) {
+  const device::ScopedDevice scope(dev_.device());
+  const std::vector<ParamRecord>& params = table_.params();
+  const DType dt = dtype();
+  partition::Layout next = partition::make_layout(strategy_of(config_), table_.infos(), dev_.world(), kShardAlignment);
+  const int64_t next_shard = next.shards[static_cast<std::size_t>(dev_.rank())].numel;
+
+  // Every kind gets the device, even when empty: ensure_state_kinds() may allocate it later.
+  StateBuffers next_state;
+  const StateMask needed = state_kinds_needed();
+  for (std::size_t k = 0; k < kStateKinds; ++k) next_state[k] = dev_.new_buffer(needed[k] ? next_shard : 0);
+  if (has_layout_) migrate_state(layout_, next, next_state);
+  state_in_use_ = needed;
+
+  if (bucket_view()) {
+    std::vector<int64_t> next_offset(params.size());
+    int64_t tail = next.buffer_numel;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      next_offset[i] = params[i].trainable ? next.param_offset[i] : tail;
+      if (!params[i].trainable) tail += params[i].numel;
+    }
+    core::FlatBuffer next_params = dev_.new_buffer(tail, dt);
+    // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient().
+    core::FlatBuffer next_grads = dev_.new_buffer(stage2() ? 0 : tail, dt);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::size_t bytes = span_bytes(params[i].numel, dt);
+      if (bytes == 0) continue;
+      if (i < view_offset_.size()) {
+        dev_.copy_bytes(next_params.at(next_offset[i]), flat_params_.at(view_offset_[i]), bytes);
+        if (!stage2()) dev_.copy_bytes(next_grads.at(next_offset[i]), flat_grads_.at(view_offset_[i]), bytes);
+      } else if (i >= first_new && i - first_new < initial.size() && initial[i - first_new] != nullptr) {
+        dev_.copy_bytes(next_params.at(next_offset[i]), initial[i - first_new], bytes);
+      }
+    }
+    // The caller may reuse its initial-value buffers as soon as registration returns.
+    if (!initial.empty()) dev_.synchronize("initial parameter values");
+    flat_params_ = std::move(next_params);
+    flat_grads_ = std::move(next_grads);
+    view_offset_ = std::move(next_offset);
+  } else {
+    sync_staging_ = dev_.new_buffer(sharded() ? next.buffer_numel : 0, dt);
+    const bool staged = dev_.world() > 1 && !stage2();
+    grad_staging_ = dev_.new_buffer(staged ? std::min(next.trainable_numel, bucket_elements(config_, dt)) : 0, dt);
+  }
+  shard_grads_ = dev_.new_buffer(stage2() ? next_shard : 0, dt);
+  state_ = std::move(next_state);
+  layout_ = std::move(next);
+  has_layout_ = true;
+  ++layout_version_;
+  refresh_runs();
+  // bf16/f16: params that have not stepped (new, or thawed) start their master at their value;
+  // the others keep the master migrated above.
+  std::vector<bool> fresh(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) fresh[i] = params[i].trainable && params[i].step == 0;
+  seed_masters(fresh);
+}
+
+void* ShardState::param_ptr(std::size_t i) const {
+  return bucket_view() ? static_cast<void*>(flat_params_.at(view_offset_[i])) : table_.params()[i].user_param;
+}
+
+void* ShardState::grad_ptr(std::size_t i) const {
+  if (!bucket_view()) return table_.params()[i].user_grad;
+  return stage2() ? nullptr : static_cast<void*>(flat_grads_.at(view_offset_[i]));
+}
+
+void ShardState::refresh_runs() {
+  runs_.clear();
+  const std::vector<ParamRecord>& params = table_.params();
+  const DType dt = dtype();
+  for (const partition::Segment& s : own_shard().segments) {
+    if (s.length == 0) continue;
+    const ParamRecord& p = params[static_cast<std::size_t>(s.param)];
+    char* param_at = element(param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dt);
+    char* grad_at = stage2() ? shard_grads_.at(s.shard_offset)
+                             : element(grad_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dt);
+    const int64_t index = p.first_index + s.param_offset;
+    if (!runs_.empty()) {
+      UpdateRun& last = runs_.back();
+      const ParamRecord& q = params[static_cast<std::size_t>(last.first_param)];
+      const std::size_t run_bytes = span_bytes(last.length, dt);
+      const bool contiguous = last.shard_offset + last.length == s.shard_offset && last.param + run_bytes == param_at &&
+                              last.grad + run_bytes == grad_at && last.first_index + last.length == index;
+      if (contiguous && q.group == p.group && q.step == p.step && q.has_momentum_buffer == p.has_momentum_buffer) {
+        last.length += s.length;
+        continue;
+      }
+    }
+    runs_.push_back(UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index});
+  }
+}
+
+void ShardState::seed_masters(const std::vector<bool>& params_to_seed) {
+  if (dtype() == DType::f32) return;
+  float* master = state_[kMaster].data();
+  for (const partition::Segment& s : own_shard().segments) {
+    if (s.length == 0 || !params_to_seed[static_cast<std::size_t>(s.param)]) continue;
+    const char* values = element(param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dtype());
+    if (dev_.on_device()) {
+      widen_device(values, dtype(), master + s.shard_offset, s.length, dev_.stream());
+    } else {
+      kernels::widen_cpu(values, dtype(), master + s.shard_offset, s.length, config_.cpu_threads);
+    }
+  }
+}
+
+const float* ShardState::param_values_f32(std::size_t i, int64_t offset, int64_t n, std::vector<float>& scratch) const {
+  const char* at = element(param_ptr(i), offset, dtype());
+  if (dtype() == DType::f32) return reinterpret_cast<const float*>(at);
+  scratch.resize(static_cast<std::size_t>(n));
+  kernels::widen_cpu(at, dtype(), scratch.data(), n, config_.cpu_threads);
+  return scratch.data();
+}
+
+void ShardState::set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values) {
+  char* at = element(param_ptr(i), offset, dtype());
+  if (dtype() != DType::f32) {
+    kernels::narrow_cpu(values, at, dtype(), n, config_.cpu_threads);
+  } else {
+    std::memcpy(at, values, span_bytes(n, dtype()));
+  }
+}
+
+void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master) {
+  const int64_t numel = own_shard().numel;
+  for (std::size_t k = 0; k < kStateKinds; ++k) {
+    SHARDOPT_CHECK(!kinds[k] || buffers[k].numel() == numel, internal,
+                   "install_state: '{}' has {} elements, the shard {}", kStateNames[k], buffers[k].numel(), numel);
+    state_[k] = kinds[k] ? std::move(buffers[k]) : dev_.new_buffer(0);
+  }
+  state_in_use_ = kinds;
+  if (dtype() != DType::f32) {
+    std::vector<bool> seed = without_master;
+    seed.resize(table_.size(), false);
+    if (!kinds[kMaster]) {
+      state_[kMaster] = dev_.new_buffer(numel);
+      state_in_use_[kMaster] = true;
+      std::fill(seed.begin(), seed.end(), true);
+    }
+    seed_masters(seed);
+  }
+  refresh_runs();
+}
+
+}  // namespace optim
+}  // namespace shardopt

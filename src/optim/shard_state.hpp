@@ -1,0 +1,121 @@
+// src/optim/shard_state.hpp — this rank's shard: the layout, the flat parameter/gradient buffers, the optimizer state and fp32 masters, and their migration when the layout changes.
+//
+// The checkpoint module reads and installs state only through the declared interface below
+// (state(), param values as f32, install_state()), which keeps the update runs and masters
+// consistent itself.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "core/flat_buffer.hpp"
+#include "optim/device_context.hpp"
+#include "optim/param_table.hpp"
+#include "optim/state_kinds.hpp"
+#include "partition/partition.hpp"
+
+namespace shardopt {
+namespace optim {
+
+// Flat shards start on 16-element (64-byte) boundaries: whole cache lines per rank, and
+// 16-byte vector access on devices.
+constexpr int64_t kShardAlignment = 16;
+
+// A stretch of this rank's shard that one kernel call updates: consecutive elements of
+// params in one group with the same step history.
+struct UpdateRun {
+  int32_t first_param = 0;  // its step count and group stand for the whole run
+  int64_t shard_offset = 0;
+  int64_t length = 0;
+  char* param = nullptr;
+  char* grad = nullptr;
+  int64_t first_index = 0;  // ParamRecord::first_index of the first element: stochastic rounding's key
+};
+
+using StateBuffers = std::array<core::FlatBuffer, kStateKinds>;
+using StateMask = std::array<bool, kStateKinds>;
+
+// Byte offset of element `index` of a `dtype` buffer.
+inline char* element(void* base, int64_t index, DType dtype) {
+  return static_cast<char*>(base) + index * static_cast<int64_t>(dtype_size(dtype));
+}
+inline std::size_t span_bytes(int64_t count, DType dtype) {
+  return static_cast<std::size_t>(count) * dtype_size(dtype);
+}
+
+partition::Strategy strategy_of(const OptimizerConfig& config);
+
+// Elements in one bucket of the gradient reduction and the parameter sync (config.bucket_bytes).
+inline int64_t bucket_elements(const OptimizerConfig& config, DType dtype) {
+  return std::max<int64_t>(kShardAlignment, config.bucket_bytes / static_cast<int64_t>(dtype_size(dtype)));
+}
+
+class ShardState {
+ public:
+  ShardState(const DeviceContext& dev, const OptimizerConfig& config, const ParamTable& table)
+      : dev_(dev), config_(config), table_(table) {}
+
+  // Collective when sharded and state exists (each old shard is broadcast once per state kind).
+  // Builds the layout for the table's params and trainable flags, carrying state and (bucket
+  // view) values over; params from `first_new` on take `initial` values (null: zeros).
+  void rebuild(const std::vector<const void*>& initial = {}, std::size_t first_new = 0);
+  // Allocates (zeroed, as torch's lazily created state) kinds that hyperparameters now need.
+  void ensure_state_kinds();
+  StateMask state_kinds_needed() const;
+  // Update runs merge params with equal step histories: call after step counts change.
+  void refresh_runs();
+
+  const partition::Layout& layout() const { return layout_; }
+  const partition::RankShard& own_shard() const { return layout_.shards[static_cast<std::size_t>(dev_.rank())]; }
+  uint64_t layout_version() const { return layout_version_; }
+  bool sharded() const { return config_.shard_state && dev_.world() > 1; }
+  bool stage2() const { return config_.stage == 2; }
+  bool bucket_view() const { return config_.storage == Storage::bucket_view; }
+  DType dtype() const { return table_.dtype(); }
+  const std::vector<UpdateRun>& runs() const { return runs_; }
+
+  // Where param i's values and gradient live (null gradient in stage-2 bucket view).
+  void* param_ptr(std::size_t i) const;
+  void* grad_ptr(std::size_t i) const;
+  const core::FlatBuffer& flat_params() const { return flat_params_; }
+  const core::FlatBuffer& flat_grads() const { return flat_grads_; }
+  const core::FlatBuffer& sync_staging() const { return sync_staging_; }
+  const core::FlatBuffer& grad_staging() const { return grad_staging_; }
+  const core::FlatBuffer& shard_grads() const { return shard_grads_; }
+  const StateBuffers& state() const { return state_; }
+  float* state_data(std::size_t kind) const { return state_[kind].data(); }
+
+  // ---- for checkpoints (host memory) ----
+  // Elements [offset, offset+n) of param i as f32 (bf16/f16 widened into `scratch`, exactly).
+  const float* param_values_f32(std::size_t i, int64_t offset, int64_t n, std::vector<float>& scratch) const;
+  void set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values);
+  // Replaces the state over this rank's shard (kinds not in `kinds` are dropped). For bf16/f16
+  // params, a master absent from `kinds` (or listed in `without_master`) is seeded from the
+  // current parameter values, as a fresh optimizer's would be.
+  void install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master);
+
+ private:
+  void migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const;
+  void seed_masters(const std::vector<bool>& params_to_seed);
+
+  const DeviceContext& dev_;
+  const OptimizerConfig& config_;
+  const ParamTable& table_;
+
+  partition::Layout layout_;
+  bool has_layout_ = false;
+  uint64_t layout_version_ = 0;
+  StateBuffers state_;          // f32, over this rank's shard
+  StateMask state_in_use_{};    // the same on every rank, even where a shard is empty
+  core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params
+  core::FlatBuffer flat_grads_;    // bucket view, stage 1: same offsets as flat_params_
+  core::FlatBuffer sync_staging_;  // external: the rank-ordered shards, for the param sync
+  core::FlatBuffer grad_staging_;  // external, stage 1: one bucket for reduce_gradients
+  core::FlatBuffer shard_grads_;   // stage 2: this rank's shard of the averaged gradients
+  std::vector<int64_t> view_offset_;  // bucket view: each param's place in flat_params_
+  std::vector<UpdateRun> runs_;
+};
+
+}  // namespace optim
+}  // namespace shardopt

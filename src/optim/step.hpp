@@ -1,0 +1,60 @@
+// src/optim/step.hpp — the step's local work: loss scaling, gradient clipping's factor, and the fused update dispatched over this rank's shard.
+//
+// The collective parts (agreeing on hyperparameters, on the inf/NaN flag, on the partial norms)
+// happen in the facade's agreement records; what this module decides from their results is the
+// same on every rank, so every rank computes the same scale, factor and step counts.
+#pragma once
+
+#include <vector>
+
+#include "cpu/update_cpu.hpp"
+#include "optim/param_sync.hpp"
+
+namespace shardopt {
+namespace optim {
+
+class Step {
+ public:
+  Step(const DeviceContext& dev, const OptimizerConfig& config, ParamTable& table, ShardState& shard,
+       ParamSync& sync);
+
+  // This rank's share of the gradient statistics, over its shard's (averaged) gradients, with
+  // the loss scale removed: the sum of squares (or max |g|) and whether any is inf/NaN.
+  kernels::GradStats local_grad_stats(bool inf_norm);
+  // Combines every rank's {value, nonfinite} (in rank order, so every rank gets the same bits),
+  // arms the factor for the next step, and returns torch's float32 total norm.
+  double arm_clip(double max_norm, bool inf_norm, const std::vector<kernels::GradStats>& parts);
+  // The inf/NaN flag this rank contributes to the step's agreement (loss scaling only).
+  bool local_nonfinite();
+  // After the ranks agreed: skip (loss scaling saw an inf/NaN on some rank) or update and sync.
+  void run(bool any_nonfinite);
+
+  double loss_scale() const { return scale_; }
+  int64_t growth_tracker() const { return growth_tracker_; }
+  void set_loss_scale(double scale, int64_t growth_tracker);
+  const StepReport& report() const { return report_; }
+
+ private:
+  float unscale_factor() const;
+  void update_range(int64_t lo, int64_t hi);
+  void advance_steps();
+
+  const DeviceContext& dev_;
+  const OptimizerConfig& config_;
+  ParamTable& table_;
+  ShardState& shard_;
+  ParamSync& sync_;
+
+  // GradScaler's state, and the clipping armed for the next step.
+  double scale_ = 1.0;
+  int64_t growth_tracker_ = 0;
+  float pending_clip_ = 1.f;
+  double pending_norm_ = -1.0;
+  bool nonfinite_known_ = false;  // clip_grad_norm() already checked the gradients
+  bool nonfinite_ = false;
+  StepReport report_;
+  core::FlatBuffer stats_scratch_;  // on a device: two doubles of gradient statistics
+};
+
+}  // namespace optim
+}  // namespace shardopt
