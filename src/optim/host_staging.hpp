@@ -1,64 +1,12 @@
-// src/optim/host_staging.hpp — lets the optimizer's small host-side collectives (fingerprints, hyperparameter agreement) through a device-memory communicator.
-//
-// A NCCL communicator takes device buffers only, but the registration fingerprint and the
-// per-step hyperparameter agreement are host data (a few bytes). This adapter stages them
-// through a device scratch buffer: host -> device copy, the collective, device -> host copy,
-// all on the communicator's stream, then waits for that stream (these results are needed on
-// the host right away). It never touches the optimizer's own buffers.
+// src/optim/host_staging.hpp — transitional: the adapter moved to comm/host_staging.hpp; this keeps the optimizer's old include and name until it uses the new ones.
 #pragma once
 
-#include <memory>
-
-#include "core/flat_buffer.hpp"
-#include "shardopt/communicator.hpp"
+#include "comm/host_staging.hpp"
 
 namespace shardopt {
 namespace optim {
 
-class HostStagedCommunicator final : public Communicator {
- public:
-  // `inner` works on device memory of `device` and issues its collectives on `stream`; it must
-  // outlive this adapter.
-  HostStagedCommunicator(Communicator& inner, Device device, void* stream);
-
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Device device() const override { return Device::cpu(); }
-  const char* backend_name() const override { return inner_.backend_name(); }
-
-  void broadcast(void* buffer, int64_t count, DType dtype, int root) override;
-  void all_gather(const void* send, void* recv, int64_t count, DType dtype) override;
-  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
-                      ReduceOp op) override;
-  void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) override;
-  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
-              int root) override;
-  void barrier() override { inner_.barrier(); }
-
-  // Staged collectives finish before they return; the handles only report that.
-  std::unique_ptr<PendingCollective> broadcast_async(void* buffer, int64_t count, DType dtype,
-                                                     int root) override;
-  std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv, int64_t count,
-                                                      DType dtype) override;
-  std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count, DType dtype,
-                                                      ReduceOp op) override;
-  std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv,
-                                                          int64_t count, DType dtype,
-                                                          ReduceOp op) override;
-  std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv, int64_t count,
-                                                  DType dtype, ReduceOp op, int root) override;
-  std::shared_ptr<Communicator> split(int color, int key) override;
-
- private:
-  char* scratch(std::size_t bytes);
-  void to_device(void* dst, const void* src, std::size_t bytes);
-  void to_host(void* dst, const void* src, std::size_t bytes);
-
-  Communicator& inner_;
-  Device device_;
-  void* stream_;
-  core::FlatBuffer scratch_;
-};
+using comm::HostStagedCommunicator;
 
 }  // namespace optim
 }  // namespace shardopt
