@@ -4,9 +4,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "comm/watchdog.hpp"
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
-#include "comm/watchdog.hpp"
 #include "shardopt/nccl.hpp"
 
 namespace shardopt {
@@ -31,7 +31,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
   raise(ErrorCode::invalid_argument, "nccl: unknown reduce op {}", static_cast<int>(op));
 }
-
 
 // The NCCL operation for reducing `dtype` with `op` in collective `name`; byte has no arithmetic.
 ncclRedOp_t nccl_reduction(DType dtype, ReduceOp op, const char* name) {
