@@ -715,6 +715,7 @@ void fill_synthetic(const TensorRef& out, int64_t first_index, uint64_t stream, 
       for (int64_t i = 0; i < n; ++i) p[i] = shardopt::kernels::float_to_f16(value(i));
       break;
     }
+    case DType::byte: break;  // the bench never makes byte tensors
   }
 }
 

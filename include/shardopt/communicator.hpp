@@ -20,15 +20,21 @@ class SHARDOPT_API PendingCollective {
 
 struct CommOptions {
   // A collective that has not completed after this long raises Error(timeout) naming the
-  // operation and rank instead of hanging forever. <= 0 disables the watchdog.
+  // operation and rank instead of hanging forever, and poisons its communicator: the
+  // collective cannot be cancelled (its buffers may still be written if the peer arrives
+  // late), so every later call on that communicator, or on its other pending collectives,
+  // raises Error(timeout) at once naming the collective that timed out. <= 0 disables the
+  // watchdog; NaN is refused (Error(invalid_argument)) when the communicator is created.
   double timeout_seconds = 600.0;
 };
 
 // Collectives over one group of ranks. Counts are elements of `dtype`; buffers live on
 // `device()`. All ranks of the group must call the same collectives in the same order.
 //
-// Reductions (all_reduce, reduce_scatter, reduce) take f32, bf16 and f16 with sum, avg and max
-// on every backend; avg is the sum divided by size(). Over MPI (host buffers):
+// broadcast and all_gather move any dtype bit for bit, DType::byte included (records of any
+// size). Reductions (all_reduce, reduce_scatter, reduce) take f32, bf16 and f16 with sum, avg
+// and max on every backend, and raise Error(unsupported) on byte; avg is the sum divided by
+// size(). Over MPI (host buffers):
 //  - f32: MPI_SUM / MPI_MAX; avg divides each element of the sum by size() in float on the
 //    host, one step shared by all three collectives.
 //  - bf16/f16: each pairwise combination of two ranks' values is done in float and rounded
@@ -88,8 +94,10 @@ class SHARDOPT_API Communicator {
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 };
 
-// MPI backend over host memory. The first form initialises MPI (if nobody has) and finalises
-// it when the last communicator that owns it is destroyed.
+// MPI backend over host memory. The first form initialises MPI if nobody has. MPI can be
+// initialised only once per process, so it then stays initialised until the process exits
+// (destroying the last communicator does not finalise it), and is finalised at exit only if
+// shardopt initialised it. cuda_aware() says whether this MPI library takes device pointers.
 SHARDOPT_API std::shared_ptr<Communicator> mpi_world(const CommOptions& options = {});
 // Borrows the caller's communicator: `mpi_comm` points at an MPI_Comm (opaque here so this
 // header needs no mpi.h). shardopt duplicates it and never finalises MPI.

@@ -22,8 +22,10 @@ SHARDOPT_API bool nccl_compiled_in();
 // when it is null. Buffers must be device (or managed) memory on device(). Blocking calls return once the collective has completed on the GPU;
 // the *_async forms return as soon as it is enqueued, and their wait() blocks until it has
 // completed. Every wait is bounded by options.timeout_seconds: a collective that does not
-// finish in time, or that NCCL reports as failed, aborts the NCCL communicator (which then
-// refuses further use) and raises Error(timeout) or Error(comm) naming the operation and rank.
+// finish in time, or that NCCL reports as failed, aborts the NCCL communicator and raises
+// Error(timeout) or Error(comm) naming the operation and rank; every later call on it (or on
+// its pending collectives) then raises the same code at once, naming that operation.
+// cuda_aware() is true and cuda_stream() is the stream below.
 // Collective over MPI_COMM_WORLD; a rank that cannot set up its device makes every rank raise.
 SHARDOPT_API std::shared_ptr<Communicator> nccl_world(const CommOptions& options = {}, void* stream = nullptr);
 

@@ -9,10 +9,12 @@
 
 namespace shardopt {
 
-enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2 };
+// byte: raw bytes for collectives that move records (broadcast, all_gather); no arithmetic,
+// so every reduction refuses it.
+enum class DType : int32_t { f32 = 0, bf16 = 1, f16 = 2, byte = 3 };
 
 inline constexpr std::size_t dtype_size(DType dtype) {
-  return dtype == DType::f32 ? 4 : 2;
+  return dtype == DType::f32 ? 4 : dtype == DType::byte ? 1 : 2;
 }
 SHARDOPT_API const char* dtype_name(DType dtype);
 

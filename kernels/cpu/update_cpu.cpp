@@ -374,6 +374,8 @@ void with_update_mode(DType dtype, bool stochastic, bool transform, const F& f) 
       case DType::f16:
         with_flag(stochastic, [&](auto kStochastic) { f(F16Format{}, kStochastic, kTransform); });
         break;
+      case DType::byte:  // raw bytes have no update; check_dtype refused them
+        break;
     }
   });
 }
@@ -386,6 +388,7 @@ void with_format(DType dtype, const F& f) {
     case DType::f32: f(F32Format{}); break;
     case DType::bf16: f(Bf16Format{}); break;
     case DType::f16: f(F16Format{}); break;
+    case DType::byte: break;  // raw bytes have no element format; check_dtype refused them
   }
 }
 

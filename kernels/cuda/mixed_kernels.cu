@@ -26,6 +26,7 @@ int with_mixed_format(DType dtype, bool stochastic, const F& f) {
       return stochastic ? f(Bf16Format{}, std::true_type{}) : f(Bf16Format{}, std::false_type{});
     case DType::f16:
       return stochastic ? f(F16Format{}, std::true_type{}) : f(F16Format{}, std::false_type{});
+    case DType::byte: break;  // raw bytes have no element format
   }
   return cudaErrorInvalidValue;
 }
@@ -36,6 +37,7 @@ int with_format(DType dtype, const F& f) {
     case DType::f32: return f(F32Format{});
     case DType::bf16: return f(Bf16Format{});
     case DType::f16: return f(F16Format{});
+    case DType::byte: break;  // raw bytes have no element format
   }
   return cudaErrorInvalidValue;
 }

@@ -126,6 +126,7 @@ int launch_grad_stats(const void* grad, DType dtype, int64_t n, float unscale, b
       return launch_stats_for<Bf16Format>(inf_norm, grad, n, unscale, partials, out, accumulate, s);
     case DType::f16:
       return launch_stats_for<F16Format>(inf_norm, grad, n, unscale, partials, out, accumulate, s);
+    case DType::byte: break;  // raw bytes are not gradients
   }
   return cudaErrorInvalidValue;
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "comm/agreement.hpp"
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
@@ -29,7 +30,7 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
   char buffer[256] = {};
   SHARDOPT_CHECK(text.size() < sizeof(buffer), internal, "broadcast_string: '{}' is too long", text);
   std::memcpy(buffer, text.data(), text.size());
-  comm.broadcast(buffer, sizeof(buffer) / 2, DType::bf16, root);
+  comm::broadcast_bytes(comm, buffer, sizeof(buffer), root);
   buffer[sizeof(buffer) - 1] = '\0';
   return std::string(buffer);
 }

@@ -67,7 +67,7 @@ std::string call_name(const Wire& w) { return text_of(w.operation) + "()"; }
   std::vector<uint64_t> reference(longest, 0);
   const std::vector<uint64_t>& hashes = mine.hashes();
   if (comm.rank() == 0) std::copy(hashes.begin(), hashes.end(), reference.begin());
-  if (longest > 0) comm.broadcast(reference.data(), static_cast<int64_t>(longest * 4), DType::bf16, 0);
+  if (longest > 0) broadcast_bytes(comm, reference.data(), static_cast<int64_t>(longest * sizeof(uint64_t)), 0);
 
   uint64_t first_diff = kNoDifference;
   const uint64_t common = std::min<uint64_t>(hashes.size(), all[0].field_count);

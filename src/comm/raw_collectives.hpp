@@ -1,6 +1,7 @@
-// src/comm/raw_collectives.hpp — collectives over plain structs, carried bit for bit as 16-bit words.
+// src/comm/raw_collectives.hpp — collectives over plain structs and byte strings, carried bit for bit as DType::byte.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -14,13 +15,23 @@ namespace comm {
 template <typename Record>
 std::vector<Record> all_gather_records(Communicator& comm, const Record& mine) {
   static_assert(std::is_trivially_copyable<Record>::value, "records travel as raw bytes");
-  static_assert(sizeof(Record) % 2 == 0, "records travel as 16-bit words");
   std::vector<Record> all(static_cast<std::size_t>(comm.size()));
   all[static_cast<std::size_t>(comm.rank())] = mine;
-  // bf16 is only a 16-bit carrier here: a gather moves bits without arithmetic.
   comm.all_gather(&all[static_cast<std::size_t>(comm.rank())], all.data(),
-                  static_cast<int64_t>(sizeof(Record) / 2), DType::bf16);
+                  static_cast<int64_t>(sizeof(Record)), DType::byte);
   return all;
+}
+
+// `record` as `root` has it, on every rank.
+template <typename Record>
+void broadcast_record(Communicator& comm, Record& record, int root) {
+  static_assert(std::is_trivially_copyable<Record>::value, "records travel as raw bytes");
+  comm.broadcast(&record, static_cast<int64_t>(sizeof(Record)), DType::byte, root);
+}
+
+// `bytes` bytes at `data` as `root` has them, on every rank (every rank passes the same size).
+inline void broadcast_bytes(Communicator& comm, void* data, int64_t bytes, int root) {
+  comm.broadcast(data, bytes, DType::byte, root);
 }
 
 }  // namespace comm

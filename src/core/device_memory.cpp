@@ -23,6 +23,8 @@ void check(cudaError_t status, const char* what, Device device) {
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+}  // namespace
+
 std::string memory_kind(const cudaPointerAttributes& attributes) {
   switch (attributes.type) {
     case cudaMemoryTypeUnregistered: return "host memory";
@@ -32,8 +34,6 @@ std::string memory_kind(const cudaPointerAttributes& attributes) {
   }
   return "memory of unknown kind";
 }
-
-}  // namespace
 
 bool cuda_compiled_in() { return true; }
 

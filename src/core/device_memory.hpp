@@ -11,6 +11,8 @@
 
 #include "shardopt/types.hpp"
 
+struct cudaPointerAttributes;  // cuda_runtime.h's; declared here so this header needs no CUDA
+
 namespace shardopt {
 namespace device {
 
@@ -40,6 +42,11 @@ void cuda_synchronize(void* stream, Device device, const char* why);
 // use (its device memory, or managed memory): a clear message instead of an illegal-address
 // fault inside a kernel later.
 void check_cuda_pointer(Device device, const void* p, const std::string& what);
+
+// What cudaPointerGetAttributes says a pointer is, in words for messages: "host memory",
+// "pinned host memory", "device memory of cuda:1", "managed memory". Defined in CUDA builds
+// only (without CUDA there are no attributes to describe).
+std::string memory_kind(const cudaPointerAttributes& attributes);
 
 // A non-blocking CUDA stream created on `device` for shardopt's own use, destroyed with it.
 class OwnedStream {

@@ -10,6 +10,7 @@ const char* dtype_name(DType dtype) {
     case DType::f32: return "f32";
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
+    case DType::byte: return "byte";
   }
   return "unknown-dtype";
 }

@@ -5,7 +5,7 @@
 
 #include "core/check.hpp"
 #include "optim/device_update.hpp"
-#include "optim/host_staging.hpp"
+#include "comm/host_staging.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -18,7 +18,7 @@ DeviceContext::DeviceContext(std::shared_ptr<Communicator> comm) : comm_(std::mo
                  "cannot order its kernels against its collectives",
                  comm_->backend_name(), device_name(comm_->device()));
   device_ = comm_->device();
-  host_staging_ = std::make_unique<HostStagedCommunicator>(*comm_, device_, stream_);
+  host_staging_ = std::make_unique<comm::HostStagedCommunicator>(*comm_, device_, stream_);
 }
 
 DeviceContext::~DeviceContext() = default;

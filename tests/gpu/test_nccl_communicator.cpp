@@ -1,4 +1,4 @@
-// tests/gpu/test_nccl_communicator.cpp — the NCCL communicator under mpiexec: collectives, splits, errors and the watchdog.
+// tests/gpu/test_nccl_communicator.cpp — the NCCL communicator under mpiexec: collectives (raw bytes too), capabilities, splits, errors and the watchdog.
 //
 // Runs as its own Catch2 runner. Without a CUDA device on every rank (or with fewer devices
 // than ranks on a node) it first checks that nccl_world fails cleanly on every rank, then
@@ -8,9 +8,11 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,8 +77,60 @@ TEST_CASE("nccl communicator basics", "[nccl]") {
   REQUIRE(c.device().is_cuda());
   REQUIRE(std::string(c.backend_name()) == "nccl");
   REQUIRE(shardopt::nccl_stream(c) != nullptr);
+  // Capabilities, not names: device buffers, and the stream collectives are ordered on.
+  REQUIRE(c.cuda_aware());
+  REQUIRE(c.cuda_stream() == shardopt::nccl_stream(c));
   const Error e = error_of([] { shardopt::nccl_stream(*host_world()); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
+  // Refused on every rank before any collective, so no rank waits for the others.
+  shardopt::CommOptions nan_timeout;
+  nan_timeout.timeout_seconds = std::numeric_limits<double>::quiet_NaN();
+  const Error nan = error_of([&] { shardopt::nccl_world(nan_timeout); });
+  REQUIRE(nan.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(nan.what(), Catch::Contains("nccl_world: CommOptions.timeout_seconds is NaN"));
+}
+
+TEST_CASE("nccl byte broadcast and all_gather move odd-sized records bit for bit", "[nccl][byte]") {
+  Communicator& c = *nccl();
+  const int n = c.size();
+  const auto byte_of = [](int rank, int64_t i, int64_t size) {
+    return static_cast<uint8_t>(rank * 97 + i * 31 + size * 7 + 3);
+  };
+  for (int64_t size : {1, 3, 5, 13, 4099}) {
+    CAPTURE(size);
+    const std::size_t bytes = static_cast<std::size_t>(size);
+    std::vector<uint8_t> mine(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) mine[i] = byte_of(c.rank(), static_cast<int64_t>(i), size);
+    for (int root = 0; root < n; ++root) {
+      DeviceArray<uint8_t> buffer(bytes);
+      buffer.upload(mine);
+      c.broadcast(buffer.data(), size, DType::byte, root);
+      const std::vector<uint8_t> got = buffer.download(0, bytes);
+      for (std::size_t i = 0; i < bytes; ++i) REQUIRE(got[i] == byte_of(root, static_cast<int64_t>(i), size));
+    }
+    std::vector<uint8_t> expected(bytes * static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < bytes; ++i) expected[static_cast<std::size_t>(r) * bytes + i] = byte_of(r, static_cast<int64_t>(i), size);
+    DeviceArray<uint8_t> send(bytes), all(bytes * static_cast<std::size_t>(n));
+    send.upload(mine);
+    c.all_gather_async(send.data(), all.data(), size, DType::byte)->wait();
+    REQUIRE(all.download(0, all.size()) == expected);
+  }
+}
+
+TEST_CASE("nccl reductions refuse byte, naming the collective and the dtype", "[nccl][byte]") {
+  Communicator& c = *nccl();
+  DeviceArray<uint8_t> send(static_cast<std::size_t>(4 * c.size())), recv(4);
+  const auto refused = [](const char* op, const Error& e) {
+    CAPTURE(op);
+    REQUIRE(e.code() == ErrorCode::unsupported);
+    REQUIRE_THAT(e.what(), Catch::Contains(std::string(op) + " over nccl cannot reduce dtype byte"));
+  };
+  refused("all_reduce", error_of([&] { c.all_reduce(recv.data(), 4, DType::byte, ReduceOp::sum); }));
+  refused("all_reduce", error_of([&] { c.all_reduce_async(recv.data(), 4, DType::byte, ReduceOp::max); }));
+  refused("reduce_scatter", error_of([&] { c.reduce_scatter(send.data(), recv.data(), 4, DType::byte, ReduceOp::avg); }));
+  refused("reduce", error_of([&] { c.reduce_async(send.data(), recv.data(), 4, DType::byte, ReduceOp::sum, 0); }));
+  c.barrier();  // refused before anything was enqueued: still usable
 }
 
 TEST_CASE("nccl broadcast from every root", "[nccl]") {
@@ -362,9 +416,15 @@ TEST_CASE("nccl watchdog: a collective only one rank issues times out instead of
     REQUIRE(e.code() == ErrorCode::timeout);
     REQUIRE_THAT(e.what(), Catch::Contains("all_reduce"));
     REQUIRE_THAT(e.what(), Catch::Contains("rank 0"));
+    // Poisoned: the next call fails at once with the same code, naming the all_reduce.
+    const auto start = std::chrono::steady_clock::now();
     const Error again = error_of([&] { lonely->barrier(); });
-    REQUIRE(again.code() == ErrorCode::comm);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    REQUIRE(again.code() == ErrorCode::timeout);
+    REQUIRE_THAT(again.what(), Catch::Contains("barrier on rank 0"));
     REQUIRE_THAT(again.what(), Catch::Contains("aborted"));
+    REQUIRE_THAT(again.what(), Catch::Contains("all_reduce on rank 0"));
+    REQUIRE(took < 1.0);
   }
   host_world()->barrier();
   lonely.reset();  // the other ranks' destructors give up after the timeout too

@@ -1,71 +1,24 @@
-// src/comm/nccl/nccl_communicator.cpp — the Communicator over NCCL on device buffers, bootstrapped over MPI, with a watchdog.
-//
-// NCCL communicators are created non-blocking (ncclConfig_t::blocking = 0): NCCL calls then
-// return ncclInProgress instead of blocking inside the library, so every wait (for init, for
-// a split, for a collective to be enqueued, and for it to complete: a CUDA event recorded
-// after it) is a polling loop with a deadline. When the deadline passes, or NCCL reports an
-// asynchronous error, the communicator is aborted (ncclCommAbort frees it and stops its
-// kernels) and an Error names the operation and rank, instead of a hang.
+// src/comm/nccl/nccl_communicator.cpp — the Communicator over NCCL on device buffers: argument checks, enqueueing on the stream, split.
+#include "comm/nccl/nccl_communicator.hpp"
+
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
-#include <chrono>
-#include <string>
-#include <thread>
-#include <vector>
-
+#include "comm/watchdog.hpp"
 #include "core/check.hpp"
+#include "core/device_memory.hpp"
 #include "shardopt/nccl.hpp"
 
 namespace shardopt {
+namespace comm {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// After `seconds` (never, when <= 0) a wait becomes an error.
-class Deadline {
- public:
-  explicit Deadline(double seconds) : seconds_(seconds), start_(Clock::now()) {}
-  bool expired() const {
-    return seconds_ > 0 &&
-           std::chrono::duration<double>(Clock::now() - start_).count() > seconds_;
-  }
-  double seconds() const { return seconds_; }
-
- private:
-  double seconds_;
-  Clock::time_point start_;
-};
-
-// Calls `done()` until it returns true (-> true) or the deadline passes (-> false). Spins with
-// yields first (collectives are usually short), then backs off so that a long wait, or ranks
-// oversubscribing the cores, do not burn a core each.
-template <typename Done>
-bool poll_until(const Deadline& deadline, const Done& done) {
-  for (uint64_t spin = 0;; ++spin) {
-    if (done()) return true;
-    if (spin < 4096) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if ((spin & 63) == 63 && deadline.expired()) return false;
-  }
-}
-
-std::string nccl_error_text(ncclResult_t result, ncclComm_t comm) {
-  std::string text = ncclGetErrorString(result);
-  const char* detail = ncclGetLastError(comm);
-  if (detail != nullptr && *detail != '\0') text += fmt::format(" ({})", detail);
-  return text;
-}
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
     case DType::f32: return ncclFloat32;
     case DType::bf16: return ncclBfloat16;
     case DType::f16: return ncclFloat16;
+    case DType::byte: return ncclUint8;  // moved, never reduced (nccl_reduction refuses it)
   }
   raise(ErrorCode::invalid_argument, "nccl: unknown dtype {}", static_cast<int>(dtype));
 }
@@ -79,185 +32,13 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   raise(ErrorCode::invalid_argument, "nccl: unknown reduce op {}", static_cast<int>(op));
 }
 
-void check_cuda(cudaError_t status, const char* what, int rank) {
-  if (status != cudaSuccess) {
-    raise(ErrorCode::cuda, "{} failed on rank {}: {} ({})", what, rank, cudaGetErrorString(status),
-          cudaGetErrorName(status));
-  }
-}
-
-// Makes `device` current for a scope: the caller's thread may be working on another device.
-class DeviceGuard {
- public:
-  DeviceGuard(int device, int rank) : device_(device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device_) check_cuda(cudaSetDevice(device_), "cudaSetDevice", rank);
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int device_;
-  int previous_ = -1;
-};
-
-// The stream collectives run on; destroyed with the last communicator using it when we made it.
-struct StreamHolder {
-  cudaStream_t stream = nullptr;
-  bool owned = false;
-  ~StreamHolder() {
-    if (owned && stream != nullptr) cudaStreamDestroy(stream);
-  }
-};
-
-// Everything a communicator and its pending collectives share. Pending collectives hold it by
-// shared_ptr, so one that outlives its communicator can still be waited on safely.
-struct NcclState {
-  ncclComm_t comm = nullptr;
-  int rank = 0;
-  int size = 1;
-  int device = 0;
-  std::shared_ptr<StreamHolder> stream;
-  CommOptions options;
-  std::string abort_reason;        // set once the communicator has been aborted
-  int32_t* barrier_word = nullptr;  // device scratch for barrier()'s one-element all-reduce
-  std::shared_ptr<Communicator> mpi_keepalive;  // keeps MPI initialised while we live (world form)
-
-  NcclState() = default;
-  NcclState(const NcclState&) = delete;
-  NcclState& operator=(const NcclState&) = delete;
-
-  ~NcclState() {
-    if (barrier_word != nullptr) cudaFree(barrier_word);
-    if (comm == nullptr) return;
-    // Finalize flushes our outstanding work and waits for the peers to be quiescent; if they
-    // never are (a peer died), abort instead of hanging in a destructor.
-    ncclResult_t state = ncclCommFinalize(comm);
-    if (state == ncclInProgress) {
-      const Deadline deadline(options.timeout_seconds);
-      poll_until(deadline, [&] {
-        ncclCommGetAsyncError(comm, &state);
-        return state != ncclInProgress;
-      });
-    }
-    if (state == ncclSuccess) {
-      ncclCommDestroy(comm);
-    } else {
-      ncclCommAbort(comm);
-    }
-  }
-
-  cudaStream_t cuda_stream() const { return stream->stream; }
-
-  void check_usable(const char* op) const {
-    SHARDOPT_CHECK(abort_reason.empty(), comm,
-                   "{}: the nccl communicator of rank {} of {} was aborted after an earlier "
-                   "failure ({}); create a new one",
-                   op, rank, size, abort_reason);
-  }
-
-  [[noreturn]] void abort_and_raise(ErrorCode code, const std::string& message) {
-    if (comm != nullptr) ncclCommAbort(comm);
-    comm = nullptr;
-    if (abort_reason.empty()) abort_reason = message;
-    throw Error(code, message);
-  }
-
-  // A non-blocking communicator may answer ncclInProgress while NCCL finishes taking the call.
-  void settle(ncclResult_t result, const char* op) {
-    if (result == ncclSuccess) return;
-    if (result != ncclInProgress) {
-      raise(ErrorCode::comm, "{} on rank {} of {} (nccl, cuda:{}) failed: {}", op, rank, size,
-            device, nccl_error_text(result, comm));
-    }
-    const Deadline deadline(options.timeout_seconds);
-    ncclResult_t state = ncclInProgress;
-    const bool settled = poll_until(deadline, [&] {
-      ncclCommGetAsyncError(comm, &state);
-      return state != ncclInProgress;
-    });
-    if (!settled) {
-      abort_and_raise(ErrorCode::timeout,
-                      fmt::format("{} on rank {} of {} (nccl, cuda:{}) did not complete within "
-                                  "{:g} s (NCCL kept reporting ncclInProgress: a peer is missing "
-                                  "or stuck); the NCCL communicator was aborted",
-                                  op, rank, size, device, deadline.seconds()));
-    }
-    if (state != ncclSuccess) {
-      abort_and_raise(ErrorCode::comm,
-                      fmt::format("{} on rank {} of {} (nccl, cuda:{}) failed: {}", op, rank,
-                                  size, device, nccl_error_text(state, comm)));
-    }
-  }
-};
-
-class NcclPending final : public PendingCollective {
- public:
-  // A null event means there was nothing to do (zero elements).
-  NcclPending(std::shared_ptr<NcclState> state, const char* op, cudaEvent_t event)
-      : state_(std::move(state)), op_(op), event_(event) {}
-  ~NcclPending() override {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
-  NcclPending(const NcclPending&) = delete;
-  NcclPending& operator=(const NcclPending&) = delete;
-
-  void wait() override {
-    if (event_ == nullptr) return;
-    NcclState& s = *state_;
-    s.check_usable(op_);
-    const Deadline deadline(s.options.timeout_seconds);
-    cudaError_t cuda_status = cudaErrorNotReady;
-    ncclResult_t nccl_status = ncclSuccess;
-    const bool finished = poll_until(deadline, [&] {
-      cuda_status = cudaEventQuery(event_);
-      if (cuda_status != cudaErrorNotReady) return true;
-      // A peer that failed or vanished shows up here long before any deadline.
-      ncclCommGetAsyncError(s.comm, &nccl_status);
-      return nccl_status != ncclSuccess && nccl_status != ncclInProgress;
-    });
-    if (!finished) {
-      s.abort_and_raise(ErrorCode::timeout,
-                        fmt::format("{} on rank {} of {} (nccl, cuda:{}) did not complete within "
-                                    "{:g} s: a peer is dead, stuck, or issued a different "
-                                    "collective; the NCCL communicator was aborted",
-                                    op_, s.rank, s.size, s.device, deadline.seconds()));
-    }
-    if (cuda_status == cudaErrorNotReady) {
-      s.abort_and_raise(ErrorCode::comm,
-                        fmt::format("{} on rank {} of {} (nccl, cuda:{}) failed: {}; the NCCL "
-                                    "communicator was aborted",
-                                    op_, s.rank, s.size, s.device,
-                                    nccl_error_text(nccl_status, s.comm)));
-    }
-    if (cuda_status != cudaSuccess) {
-      s.abort_and_raise(ErrorCode::cuda,
-                        fmt::format("{} on rank {} of {} (nccl, cuda:{}) failed on the device: {} "
-                                    "({}); the NCCL communicator was aborted",
-                                    op_, s.rank, s.size, s.device, cudaGetErrorString(cuda_status),
-                                    cudaGetErrorName(cuda_status)));
-    }
-    cudaEventDestroy(event_);
-    event_ = nullptr;
-  }
-
- private:
-  std::shared_ptr<NcclState> state_;
-  const char* op_;
-  cudaEvent_t event_;
-};
-
-std::string memory_kind(const cudaPointerAttributes& attributes) {
-  switch (attributes.type) {
-    case cudaMemoryTypeUnregistered: return "host memory";
-    case cudaMemoryTypeHost: return "pinned host memory";
-    case cudaMemoryTypeDevice: return fmt::format("device memory of cuda:{}", attributes.device);
-    case cudaMemoryTypeManaged: return "managed memory";
-  }
-  return "memory of unknown kind";
+// The NCCL operation for reducing `dtype` with `op` in collective `name`; byte has no arithmetic.
+ncclRedOp_t nccl_reduction(DType dtype, ReduceOp op, const char* name) {
+  SHARDOPT_CHECK(dtype != DType::byte, unsupported,
+                 "{} over nccl cannot reduce dtype byte: byte is raw bytes that collectives move "
+                 "(broadcast, all_gather) without arithmetic; reductions take f32, bf16 and f16",
+                 name);
+  return nccl_op(op);
 }
 
 class NcclCommunicator final : public Communicator {
@@ -268,7 +49,8 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return state_->size; }
   Device device() const override { return Device::cuda(state_->device); }
   const char* backend_name() const override { return "nccl"; }
-  void* stream() const { return state_->cuda_stream(); }
+  bool cuda_aware() const override { return true; }
+  void* cuda_stream() const override { return state_->cuda_stream(); }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     broadcast_async(buffer, count, dtype, root)->wait();
@@ -331,7 +113,7 @@ class NcclCommunicator final : public Communicator {
     check_count(count, name);
     if (count > 0) check_device_buffer(buffer, name, "buffer");
     const ncclDataType_t type = nccl_type(dtype);
-    const ncclRedOp_t reduction = nccl_op(op);
+    const ncclRedOp_t reduction = nccl_reduction(dtype, op, name);
     return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(buffer, buffer, static_cast<size_t>(count), type, reduction, comm,
                            stream);
@@ -348,7 +130,7 @@ class NcclCommunicator final : public Communicator {
       check_device_buffer(recv, name, "recv");
     }
     const ncclDataType_t type = nccl_type(dtype);
-    const ncclRedOp_t reduction = nccl_op(op);
+    const ncclRedOp_t reduction = nccl_reduction(dtype, op, name);
     return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduceScatter(send, recv, static_cast<size_t>(count), type, reduction, comm,
                                stream);
@@ -370,7 +152,7 @@ class NcclCommunicator final : public Communicator {
       if (is_root) check_device_buffer(recv, name, "recv");
     }
     const ncclDataType_t type = nccl_type(dtype);
-    const ncclRedOp_t reduction = nccl_op(op);
+    const ncclRedOp_t reduction = nccl_reduction(dtype, op, name);
     void* target = is_root ? recv : nullptr;
     return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduce(send, target, static_cast<size_t>(count), type, reduction, root, comm,
@@ -401,7 +183,7 @@ class NcclCommunicator final : public Communicator {
                         (attributes.type == cudaMemoryTypeDevice && attributes.device == s.device);
     SHARDOPT_CHECK(usable, invalid_argument,
                    "{} on rank {}: `{}` is {}; the nccl backend needs device memory of cuda:{}",
-                   op, s.rank, name, memory_kind(attributes), s.device);
+                   op, s.rank, name, device::memory_kind(attributes), s.device);
   }
 
   // Enqueues one NCCL call on our stream and returns its completion as a PendingCollective.
@@ -423,8 +205,9 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<NcclState> state_;
 };
 
-// Fills in rank/size and the barrier scratch of a freshly initialised communicator.
-void finish_state(NcclState& s) {
+}  // namespace
+
+void finish_nccl_state(NcclState& s) {
   ncclCommUserRank(s.comm, &s.rank);
   ncclCommCount(s.comm, &s.size);
   const DeviceGuard guard(s.device, s.rank);
@@ -478,228 +261,22 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   state->stream = s.stream;  // one stream per device keeps all our collectives in one order
   state->options = s.options;
   state->mpi_keepalive = s.mpi_keepalive;
-  finish_state(*state);
+  finish_nccl_state(*state);
   return std::make_shared<NcclCommunicator>(std::move(state));
 }
 
-// ---- bootstrap over MPI ------------------------------------------------------------------------
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  return std::string(text, static_cast<std::size_t>(length));
-}
-
-// The bootstrap's own duplicate of the caller's communicator: its traffic cannot match the
-// caller's messages, and MPI errors come back as codes instead of killing the job.
-class BootstrapComm {
- public:
-  BootstrapComm(MPI_Comm parent, const CommOptions& options) : options_(options) {
-    MPI_Comm_rank(parent, &rank_);
-    MPI_Comm_size(parent, &size_);
-    // Everyone must arrive before the blocking MPI_Comm_dup / MPI_Comm_split_type below, so a
-    // rank that never calls nccl_world turns into a timeout here rather than a hang there.
-    MPI_Request request;
-    check(MPI_Ibarrier(parent, &request), "MPI_Ibarrier");
-    wait(request, "MPI_Ibarrier");
-    check(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  }
-  ~BootstrapComm() {
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-  }
-  BootstrapComm(const BootstrapComm&) = delete;
-  BootstrapComm& operator=(const BootstrapComm&) = delete;
-
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  MPI_Comm comm() const { return comm_; }
-
-  void check(int code, const char* call) const {
-    if (code != MPI_SUCCESS) {
-      raise(ErrorCode::comm, "nccl bootstrap: {} failed on rank {} of {}: {}", call, rank_, size_,
-            mpi_error_text(code));
-    }
-  }
-
-  void wait(MPI_Request& request, const char* call) const {
-    const Deadline deadline(options_.timeout_seconds);
-    const bool done = poll_until(deadline, [&] {
-      int flag = 0;
-      check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), call);
-      return flag != 0;
-    });
-    if (!done) {
-      raise(ErrorCode::timeout,
-            "nccl bootstrap: {} on rank {} of {} did not complete within {:g} s: a rank did not "
-            "call nccl_world/nccl_borrow, or is stuck",
-            call, rank_, size_, deadline.seconds());
-    }
-  }
-
- private:
-  CommOptions options_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
-};
-
-struct LocalSetup {
-  int device = -1;
-  std::string error;  // empty when this rank is ready
-  ErrorCode code = ErrorCode::cuda;
-};
-
-LocalSetup choose_device(int local_rank, int local_size, void* stream) {
-  LocalSetup setup;
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    setup.error = fmt::format("no CUDA device: {}", status != cudaSuccess
-                                                        ? cudaGetErrorString(status)
-                                                        : "cudaGetDeviceCount reported 0 devices");
-    return setup;
-  }
-  if (stream != nullptr) {
-    // The caller chose the device when it made the stream.
-    const cudaError_t got = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &setup.device);
-    if (got != cudaSuccess) {
-      cudaGetLastError();
-      setup.error = fmt::format("the given stream is not usable: {}", cudaGetErrorString(got));
-    }
-    return setup;
-  }
-  if (local_size > count) {
-    setup.error = fmt::format(
-        "{} ranks share this node but it has {} CUDA device(s); NCCL needs one device per rank",
-        local_size, count);
-    setup.code = ErrorCode::unsupported;
-    return setup;
-  }
-  setup.device = local_rank % count;
-  return setup;
-}
-
-std::shared_ptr<Communicator> bootstrap(MPI_Comm parent, const CommOptions& options, void* stream,
-                                        std::shared_ptr<Communicator> mpi_keepalive) {
-  BootstrapComm boot(parent, options);
-  const int rank = boot.rank();
-  const int size = boot.size();
-
-  MPI_Comm node = MPI_COMM_NULL;
-  boot.check(MPI_Comm_split_type(boot.comm(), MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
-             "MPI_Comm_split_type");
-  int local_rank = 0;
-  int local_size = 1;
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-
-  LocalSetup setup = choose_device(local_rank, local_size, stream);
-  auto stream_holder = std::make_shared<StreamHolder>();
-  ncclUniqueId id{};
-  if (setup.error.empty()) {
-    const cudaError_t status = cudaSetDevice(setup.device);
-    if (status != cudaSuccess) {
-      setup.error = fmt::format("cudaSetDevice({}) failed: {}", setup.device,
-                                cudaGetErrorString(status));
-    } else if (stream != nullptr) {
-      stream_holder->stream = static_cast<cudaStream_t>(stream);
-    } else {
-      const cudaError_t made =
-          cudaStreamCreateWithFlags(&stream_holder->stream, cudaStreamNonBlocking);
-      if (made == cudaSuccess) {
-        stream_holder->owned = true;
-      } else {
-        setup.error = fmt::format("cudaStreamCreate failed: {}", cudaGetErrorString(made));
-      }
-    }
-  }
-  if (setup.error.empty() && rank == 0) {
-    const ncclResult_t result = ncclGetUniqueId(&id);
-    if (result != ncclSuccess) {
-      setup.error = fmt::format("ncclGetUniqueId failed: {}", nccl_error_text(result, nullptr));
-      setup.code = ErrorCode::comm;
-    }
-  }
-
-  // Agree on readiness first: a rank that cannot take part makes every rank raise (naming
-  // it) instead of leaving the others waiting inside NCCL's init.
-  int ready = setup.error.empty() ? 1 : 0;
-  std::vector<int> all_ready(static_cast<std::size_t>(size), 0);
-  MPI_Request request;
-  boot.check(MPI_Iallgather(&ready, 1, MPI_INT, all_ready.data(), 1, MPI_INT, boot.comm(), &request),
-             "MPI_Iallgather");
-  boot.wait(request, "MPI_Iallgather");
-  if (!setup.error.empty()) {
-    raise(setup.code, "nccl bootstrap on rank {} of {} (node-local rank {}): {}", rank, size,
-          local_rank, setup.error);
-  }
-  std::string failed;
-  for (int r = 0; r < size; ++r) {
-    if (all_ready[static_cast<std::size_t>(r)] == 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (!failed.empty()) {
-    raise(ErrorCode::comm,
-          "nccl bootstrap on rank {} of {}: rank(s) {} could not set up (see their errors); no "
-          "communicator was created",
-          rank, size, failed);
-  }
-
-  boot.check(MPI_Ibcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, boot.comm(), &request),
-             "MPI_Ibcast");
-  boot.wait(request, "MPI_Ibcast(ncclUniqueId)");
-
-  auto state = std::make_shared<NcclState>();
-  state->device = setup.device;
-  state->stream = std::move(stream_holder);
-  state->options = options;
-  state->rank = rank;
-  state->size = size;
-  state->mpi_keepalive = std::move(mpi_keepalive);
-  ncclConfig_t config = nonblocking_config();
-  const ncclResult_t result = ncclCommInitRankConfig(&state->comm, size, id, rank, &config);
-  if (result != ncclSuccess && result != ncclInProgress) {
-    ncclComm_t comm = state->comm;
-    state->comm = nullptr;
-    if (comm != nullptr) ncclCommAbort(comm);
-    raise(ErrorCode::comm, "ncclCommInitRank on rank {} of {} (cuda:{}) failed: {}", rank, size,
-          setup.device, nccl_error_text(result, nullptr));
-  }
-  state->settle(result, "ncclCommInitRank");
-  finish_state(*state);
+std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<NcclState> state) {
   return std::make_shared<NcclCommunicator>(std::move(state));
 }
 
-}  // namespace
-
-bool nccl_compiled_in() { return true; }
-
-std::shared_ptr<Communicator> nccl_world(const CommOptions& options, void* stream) {
-  // mpi_world() initialises MPI when nobody has and finalises it after the last user; holding
-  // it keeps MPI alive for as long as this communicator (and its splits) exist.
-  std::shared_ptr<Communicator> host = mpi_world(options);
-  return bootstrap(MPI_COMM_WORLD, options, stream, std::move(host));
-}
-
-std::shared_ptr<Communicator> nccl_borrow(const void* mpi_comm, const CommOptions& options,
-                                          void* stream) {
-  SHARDOPT_CHECK(mpi_comm != nullptr, invalid_argument, "nccl_borrow: the MPI_Comm pointer is null");
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  SHARDOPT_CHECK(initialized, comm,
-                 "nccl_borrow: MPI is not initialised; the caller owns MPI in this mode");
-  return bootstrap(*static_cast<const MPI_Comm*>(mpi_comm), options, stream, nullptr);
-}
+}  // namespace comm
 
 void* nccl_stream(const Communicator& comm) {
-  const auto* nccl = dynamic_cast<const NcclCommunicator*>(&comm);
+  const auto* nccl = dynamic_cast<const comm::NcclCommunicator*>(&comm);
   SHARDOPT_CHECK(nccl != nullptr, invalid_argument,
                  "nccl_stream: the communicator is a '{}' communicator, not nccl",
                  comm.backend_name());
-  return nccl->stream();
+  return nccl->cuda_stream();
 }
 
 }  // namespace shardopt

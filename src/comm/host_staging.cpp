@@ -1,10 +1,10 @@
-// src/optim/host_staging.cpp — host buffers staged through device scratch for a device-memory communicator.
-#include "optim/host_staging.hpp"
+// src/comm/host_staging.cpp — host buffers staged through device scratch for a device-memory communicator.
+#include "comm/host_staging.hpp"
 
 #include "core/check.hpp"
 
 namespace shardopt {
-namespace optim {
+namespace comm {
 namespace {
 
 class Completed final : public PendingCollective {
@@ -15,6 +15,15 @@ class Completed final : public PendingCollective {
 std::size_t byte_count(int64_t count, DType dtype, const char* op) {
   SHARDOPT_CHECK(count >= 0, invalid_argument, "{}: negative count {}", op, count);
   return static_cast<std::size_t>(count) * dtype_size(dtype);
+}
+
+// Refused before anything is staged: the inner communicator would refuse it too, after copies.
+void check_reducible(DType dtype, const char* op) {
+  SHARDOPT_CHECK(dtype != DType::byte, unsupported,
+                 "host-staged {} cannot reduce dtype byte: byte is raw bytes that collectives "
+                 "move (broadcast, all_gather) without arithmetic; reductions take f32, bf16 "
+                 "and f16",
+                 op);
 }
 
 }  // namespace
@@ -60,6 +69,7 @@ void HostStagedCommunicator::all_gather(const void* send, void* recv, int64_t co
 
 void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_t count,
                                             DType dtype, ReduceOp op) {
+  check_reducible(dtype, "reduce_scatter");
   const std::size_t bytes = byte_count(count, dtype, "reduce_scatter");
   const std::size_t total = bytes * static_cast<std::size_t>(size());
   const device::ScopedDevice scope(device_);
@@ -70,6 +80,7 @@ void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_
 }
 
 void HostStagedCommunicator::all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) {
+  check_reducible(dtype, "all_reduce");
   const std::size_t bytes = byte_count(count, dtype, "all_reduce");
   const device::ScopedDevice scope(device_);
   char* staged = scratch(bytes);
@@ -80,6 +91,7 @@ void HostStagedCommunicator::all_reduce(void* buffer, int64_t count, DType dtype
 
 void HostStagedCommunicator::reduce(const void* send, void* recv, int64_t count, DType dtype,
                                     ReduceOp op, int root) {
+  check_reducible(dtype, "reduce");
   const std::size_t bytes = byte_count(count, dtype, "reduce");
   const device::ScopedDevice scope(device_);
   // One staged buffer, reduced in place on the root: the inner communicator sees send == recv
@@ -139,5 +151,5 @@ std::shared_ptr<Communicator> HostStagedCommunicator::split(int, int) {
         inner_.backend_name());
 }
 
-}  // namespace optim
+}  // namespace comm
 }  // namespace shardopt

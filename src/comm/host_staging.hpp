@@ -1,4 +1,4 @@
-// src/optim/host_staging.hpp — lets the optimizer's small host-side collectives (fingerprints, hyperparameter agreement) through a device-memory communicator.
+// src/comm/host_staging.hpp — a host-memory view of a device-memory communicator, for small host-side collectives (fingerprints, hyperparameter agreement).
 //
 // A NCCL communicator takes device buffers only, but the registration fingerprint and the
 // per-step hyperparameter agreement are host data (a few bytes). This adapter stages them
@@ -13,7 +13,7 @@
 #include "shardopt/communicator.hpp"
 
 namespace shardopt {
-namespace optim {
+namespace comm {
 
 class HostStagedCommunicator final : public Communicator {
  public:
@@ -25,6 +25,9 @@ class HostStagedCommunicator final : public Communicator {
   int size() const override { return inner_.size(); }
   Device device() const override { return Device::cpu(); }
   const char* backend_name() const override { return inner_.backend_name(); }
+  // A host view: its callers pass host buffers, and it synchronises before returning.
+  bool cuda_aware() const override { return false; }
+  void* cuda_stream() const override { return nullptr; }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override;
   void all_gather(const void* send, void* recv, int64_t count, DType dtype) override;
@@ -60,5 +63,5 @@ class HostStagedCommunicator final : public Communicator {
   core::FlatBuffer scratch_;
 };
 
-}  // namespace optim
+}  // namespace comm
 }  // namespace shardopt

@@ -1,0 +1,32 @@
+// src/comm/mpi/mpi_runtime.hpp — MPI's lifetime in a process where shardopt may be the one that initialises it, and MPI error texts.
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace shardopt {
+namespace comm {
+
+// Initialises MPI when nobody has (MPI_THREAD_FUNNELED) and, in that case only, finalises it
+// when destroyed. One per process: see shared_mpi_runtime().
+class MpiRuntime {
+ public:
+  MpiRuntime();
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+ private:
+  bool owns_ = false;
+};
+
+// The process's runtime. MPI can be initialised only once per process, so a static holds it
+// until exit: MPI stays initialised after the last communicator is destroyed, and is finalised
+// at process exit if shardopt initialised it. Error(comm) if MPI was already finalised.
+std::shared_ptr<MpiRuntime> shared_mpi_runtime();
+
+// MPI's text for an error code.
+std::string mpi_error_string(int code);
+
+}  // namespace comm
+}  // namespace shardopt

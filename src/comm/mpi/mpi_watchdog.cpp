@@ -1,0 +1,99 @@
+// src/comm/mpi/mpi_watchdog.cpp — the bounded wait on MPI requests, the poisoning of a communicator after a timeout, and its teardown.
+#include "comm/mpi/mpi_watchdog.hpp"
+
+#include <utility>
+
+#include "comm/watchdog.hpp"
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace comm {
+
+MpiCommState::MpiCommState(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
+                           const CommOptions& options)
+    : runtime_(std::move(runtime)), options_(options) {
+  MPI_Comm_rank(parent, &rank_);
+  MPI_Comm_size(parent, &size_);
+  check(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommState::~MpiCommState() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || comm_ == MPI_COMM_NULL) return;
+  bool still_live = false;
+  for (MPI_Request& request : live_requests_) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) still_live = true;
+  }
+  // A collective that is still live uses the communicator: it is left to MPI (not freed), as
+  // its request is, rather than risk MPI tearing either down under a late peer's traffic.
+  if (!still_live) MPI_Comm_free(&comm_);
+}
+
+void MpiCommState::check(int code, const char* call) const {
+  if (code != MPI_SUCCESS) {
+    raise(ErrorCode::comm, "{} failed on rank {} of {}: {}", call, rank_, size_,
+          mpi_error_string(code));
+  }
+}
+
+void MpiCommState::check_usable(const char* op) const {
+  SHARDOPT_CHECK(timed_out_.empty(), timeout,
+                 "{} on rank {} of {} refused: this MPI communicator is unusable since an earlier "
+                 "collective timed out ({}); that collective's request is still live in MPI, so "
+                 "create a new communicator",
+                 op, rank_, size_, timed_out_);
+}
+
+void MpiCommState::wait(MPI_Request& request, const char* op) {
+  if (request == MPI_REQUEST_NULL) return;
+  const Deadline deadline(options_.timeout_seconds);
+  int code = MPI_SUCCESS;
+  const bool done = poll_until(deadline, [&] {
+    int flag = 0;
+    code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    return flag != 0 || code != MPI_SUCCESS;
+  });
+  check(code, "MPI_Test");
+  if (done) return;
+  timed_out_ = fmt::format("{} on rank {} of {} did not complete within {:g} s", op, rank_, size_,
+                           deadline.seconds());
+  live_requests_.push_back(request);
+  request = MPI_REQUEST_NULL;
+  raise(ErrorCode::timeout,
+        "{}: a peer is dead, stuck, or issued a different collective; the communicator is now "
+        "unusable (MPI cannot cancel the collective, so its buffers may still be written if the "
+        "peer arrives late)",
+        timed_out_);
+}
+
+void MpiCommState::keep_live(MPI_Request request) {
+  if (request == MPI_REQUEST_NULL) return;
+  int done = 0;
+  if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return;
+  live_requests_.push_back(request);
+}
+
+MpiPending::~MpiPending() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) state_->keep_live(request_);
+}
+
+void MpiPending::wait() {
+  if (request_ == MPI_REQUEST_NULL) return;
+  state_->check_usable(op_);
+  state_->wait(request_, op_);
+  if (finish) {
+    const std::function<void()> last_step = std::move(finish);
+    finish = nullptr;
+    last_step();
+  }
+}
+
+}  // namespace comm
+}  // namespace shardopt
