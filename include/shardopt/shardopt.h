@@ -16,6 +16,8 @@
  *  - Handles are checked: a destroyed, never-created or wrong-kind handle gives
  *    SHARDOPT_ERR_BAD_HANDLE (without being dereferenced); NULL gives SHARDOPT_ERR_NULL_POINTER,
  *    as does any other NULL pointer argument, except for the destroy functions (a no-op).
+ *    A NULL handle is also what a call that fails leaves in its output, and what
+ *    shardopt_comm_split gives a rank that passed a negative colour; its message says so.
  *  - Calls marked "collective" must be made by every rank of the communicator, in the same
  *    order. Create and add_param_group fail on every rank together when one rank's arguments
  *    are wrong; any collective that a peer never joins fails with SHARDOPT_ERR_TIMEOUT after
@@ -124,7 +126,10 @@ SHARDOPT_C_API shardopt_status shardopt_comm_borrow(const void* mpi_comm,
                                                     const shardopt_comm_options* options,
                                                     shardopt_comm_t* out);
 /* Collective: ranks passing the same color form a new communicator, ordered by key (ties by
- * rank). The new handle is independent of `comm`: destroy each. */
+ * rank). The new handle is independent of `comm`: destroy each. A rank passing a negative color
+ * joins no communicator (MPI_UNDEFINED): it gets SHARDOPT_OK and *out = NULL, which every other
+ * function taking a communicator refuses with SHARDOPT_ERR_NULL_POINTER (destroying it is a
+ * no-op). */
 SHARDOPT_C_API shardopt_status shardopt_comm_split(shardopt_comm_t comm, int color, int key,
                                                    shardopt_comm_t* out);
 /* Releases the handle (optimizers created over it keep the communicator alive). NULL is a no-op. */

@@ -652,7 +652,7 @@ TEST_CASE("clip_grad_norm and last_step refusals come back as statuses with mess
         SHARDOPT_ERR_INVALID_ARGUMENT);
   CHECK(norm == 12345.0);  // untouched by refused calls
   CHECK(shardopt_optimizer_clip_grad_norm(nullptr, 1.0, 2.0, &norm) == SHARDOPT_ERR_NULL_POINTER);
-  CHECK(last_error() == "shardopt_optimizer_clip_grad_norm: opt is NULL");
+  CHECK(contains(last_error(), "shardopt_optimizer_clip_grad_norm: opt is NULL;"));
 
   // A refused clip leaves no factor behind.
   REQUIRE(shardopt_optimizer_step(opt) == SHARDOPT_OK);
