@@ -178,6 +178,43 @@ typedef struct shardopt_loss_scaling {
   double min_scale;        /* finite, > 0, <= init_scale */
 } shardopt_loss_scaling;
 
+/* Per-group hyperparameters with torch.optim's names; changeable between steps. */
+typedef struct shardopt_hyperparams {
+  size_t struct_size;
+  double lr;
+  double beta1; /* Adam/AdamW */
+  double beta2;
+  double eps;
+  double weight_decay; /* SGD/Adam: L2 added to the gradient; AdamW: decoupled */
+  double momentum;     /* SGD */
+  double dampening;
+  int32_t nesterov; /* booleans: 0 or 1 */
+  int32_t maximize;
+  int32_t amsgrad;
+} shardopt_hyperparams;
+
+/* torch's Adam/SGD defaults (weight_decay 0). For another algorithm's own defaults (AdamW's
+ * weight_decay is 0.01), use shardopt_default_hyperparams instead. */
+static inline void shardopt_hyperparams_init(shardopt_hyperparams* hyper) {
+  hyper->struct_size = sizeof(shardopt_hyperparams);
+  hyper->lr = 1e-3;
+  hyper->beta1 = 0.9;
+  hyper->beta2 = 0.999;
+  hyper->eps = 1e-8;
+  hyper->weight_decay = 0.0;
+  hyper->momentum = 0.0;
+  hyper->dampening = 0.0;
+  hyper->nesterov = 0;
+  hyper->maximize = 0;
+  hyper->amsgrad = 0;
+}
+
+/* torch.optim's constructor defaults for `algorithm` (SGD, Adam: as shardopt_hyperparams_init;
+ * AdamW: weight_decay 0.01): what groups take when neither they nor the config set any.
+ * `out->struct_size` must be set by the caller; the rest is filled in. */
+SHARDOPT_C_API shardopt_status shardopt_default_hyperparams(shardopt_algorithm algorithm,
+                                                            shardopt_hyperparams* out);
+
 typedef struct shardopt_optimizer_config {
   size_t struct_size;
   shardopt_algorithm algorithm;
@@ -202,6 +239,12 @@ typedef struct shardopt_optimizer_config {
   int32_t stochastic_rounding;
   uint64_t rounding_seed;
   shardopt_loss_scaling loss_scaling;
+  /* ---- appended later: the sizes of the earlier structs (through `threads`, through
+   * `loss_scaling`) are still accepted, and then leave the fields below at their defaults ---- */
+  /* The optimizer-level hyperparameters (torch's `defaults`): what a group whose `hyperparams`
+   * is NULL takes, at create and in add_param_group. NULL: shardopt_default_hyperparams(algorithm),
+   * torch's constructor defaults (AdamW: weight_decay 0.01). Read during create, not kept. */
+  const shardopt_hyperparams* defaults;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -221,35 +264,7 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->loss_scaling.backoff_factor = 0.5;
   config->loss_scaling.growth_interval = 2000;
   config->loss_scaling.min_scale = 1.0;
-}
-
-/* Per-group hyperparameters with torch.optim's names and defaults; changeable between steps. */
-typedef struct shardopt_hyperparams {
-  size_t struct_size;
-  double lr;
-  double beta1; /* Adam/AdamW */
-  double beta2;
-  double eps;
-  double weight_decay; /* SGD/Adam: L2 added to the gradient; AdamW: decoupled */
-  double momentum;     /* SGD */
-  double dampening;
-  int32_t nesterov; /* booleans: 0 or 1 */
-  int32_t maximize;
-  int32_t amsgrad;
-} shardopt_hyperparams;
-
-static inline void shardopt_hyperparams_init(shardopt_hyperparams* hyper) {
-  hyper->struct_size = sizeof(shardopt_hyperparams);
-  hyper->lr = 1e-3;
-  hyper->beta1 = 0.9;
-  hyper->beta2 = 0.999;
-  hyper->eps = 1e-8;
-  hyper->weight_decay = 0.0;
-  hyper->momentum = 0.0;
-  hyper->dampening = 0.0;
-  hyper->nesterov = 0;
-  hyper->maximize = 0;
-  hyper->amsgrad = 0;
+  config->defaults = NULL;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors
@@ -280,7 +295,9 @@ static inline void shardopt_param_desc_init(shardopt_param_desc* desc) {
   desc->grad_dlpack = NULL;
 }
 
-/* A param group: its parameters and hyperparameters (NULL: torch's defaults). */
+/* A param group: its parameters and hyperparameters. `hyperparams` NULL: the optimizer's defaults
+ * (shardopt_optimizer_config.defaults, or torch's for the algorithm), as a torch param group that
+ * sets no hyperparameter key; otherwise every field of *hyperparams is the group's own. */
 typedef struct shardopt_param_group_desc {
   size_t struct_size;
   const shardopt_param_desc* params;
@@ -361,7 +378,8 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_create(shardopt_comm_t comm,
 SHARDOPT_C_API shardopt_status shardopt_optimizer_destroy(shardopt_optimizer_t opt);
 
 /* Collective. Earlier params keep their ids and state; `out_group` (may be NULL) receives the
- * new group's index. */
+ * new group's index. A group whose `hyperparams` is NULL takes the optimizer's defaults
+ * (shardopt_optimizer_get_defaults), as torch's add_param_group does. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_add_param_group(shardopt_optimizer_t opt,
                                                                   const shardopt_param_group_desc* group,
                                                                   int32_t* out_group);
@@ -373,6 +391,9 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_find_param(shardopt_optimizer_
 /* `out->struct_size` must be set by the caller; the rest is filled in. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_get_hyperparams(shardopt_optimizer_t opt, int32_t group,
                                                                   shardopt_hyperparams* out);
+/* The optimizer-level defaults that groups added with NULL hyperparams take (config->defaults,
+ * or shardopt_default_hyperparams(algorithm)). `out->struct_size` must be set by the caller. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_get_defaults(shardopt_optimizer_t opt, shardopt_hyperparams* out);
 /* Same values on every rank (e.g. an LR schedule); takes effect at the next step. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_set_hyperparams(shardopt_optimizer_t opt, int32_t group,
                                                                   const shardopt_hyperparams* hyper);

@@ -102,6 +102,7 @@ TEST_CASE("every optimizer function refuses a NULL optimizer with a message nami
       {"shardopt_optimizer_num_params", [&] { return shardopt_optimizer_num_params(opt, &i32); }},
       {"shardopt_optimizer_find_param", [&] { return shardopt_optimizer_find_param(opt, "w", &i32); }},
       {"shardopt_optimizer_get_hyperparams", [&] { return shardopt_optimizer_get_hyperparams(opt, 0, &hyper); }},
+      {"shardopt_optimizer_get_defaults", [&] { return shardopt_optimizer_get_defaults(opt, &hyper); }},
       {"shardopt_optimizer_set_hyperparams", [&] { return shardopt_optimizer_set_hyperparams(opt, 0, &hyper); }},
       {"shardopt_optimizer_set_trainable", [&] { return shardopt_optimizer_set_trainable(opt, 0, 1); }},
       {"shardopt_optimizer_get_trainable", [&] { return shardopt_optimizer_get_trainable(opt, 0, &i); }},
