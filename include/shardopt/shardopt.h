@@ -16,6 +16,8 @@
  *  - Handles are checked: a destroyed, never-created or wrong-kind handle gives
  *    SHARDOPT_ERR_BAD_HANDLE (without being dereferenced); NULL gives SHARDOPT_ERR_NULL_POINTER,
  *    as does any other NULL pointer argument, except for the destroy functions (a no-op).
+ *    A NULL handle is also what a call that fails leaves in its output, and what
+ *    shardopt_comm_split gives a rank that passed a negative colour; its message says so.
  *  - Calls marked "collective" must be made by every rank of the communicator, in the same
  *    order. Create and add_param_group fail on every rank together when one rank's arguments
  *    are wrong; any collective that a peer never joins fails with SHARDOPT_ERR_TIMEOUT after
@@ -124,7 +126,10 @@ SHARDOPT_C_API shardopt_status shardopt_comm_borrow(const void* mpi_comm,
                                                     const shardopt_comm_options* options,
                                                     shardopt_comm_t* out);
 /* Collective: ranks passing the same color form a new communicator, ordered by key (ties by
- * rank). The new handle is independent of `comm`: destroy each. */
+ * rank). The new handle is independent of `comm`: destroy each. A rank passing a negative color
+ * joins no communicator (MPI_UNDEFINED): it gets SHARDOPT_OK and *out = NULL, which every other
+ * function taking a communicator refuses with SHARDOPT_ERR_NULL_POINTER (destroying it is a
+ * no-op). */
 SHARDOPT_C_API shardopt_status shardopt_comm_split(shardopt_comm_t comm, int color, int key,
                                                    shardopt_comm_t* out);
 /* Releases the handle (optimizers created over it keep the communicator alive). NULL is a no-op. */
@@ -173,6 +178,43 @@ typedef struct shardopt_loss_scaling {
   double min_scale;        /* finite, > 0, <= init_scale */
 } shardopt_loss_scaling;
 
+/* Per-group hyperparameters with torch.optim's names; changeable between steps. */
+typedef struct shardopt_hyperparams {
+  size_t struct_size;
+  double lr;
+  double beta1; /* Adam/AdamW */
+  double beta2;
+  double eps;
+  double weight_decay; /* SGD/Adam: L2 added to the gradient; AdamW: decoupled */
+  double momentum;     /* SGD */
+  double dampening;
+  int32_t nesterov; /* booleans: 0 or 1 */
+  int32_t maximize;
+  int32_t amsgrad;
+} shardopt_hyperparams;
+
+/* torch's Adam/SGD defaults (weight_decay 0). For another algorithm's own defaults (AdamW's
+ * weight_decay is 0.01), use shardopt_default_hyperparams instead. */
+static inline void shardopt_hyperparams_init(shardopt_hyperparams* hyper) {
+  hyper->struct_size = sizeof(shardopt_hyperparams);
+  hyper->lr = 1e-3;
+  hyper->beta1 = 0.9;
+  hyper->beta2 = 0.999;
+  hyper->eps = 1e-8;
+  hyper->weight_decay = 0.0;
+  hyper->momentum = 0.0;
+  hyper->dampening = 0.0;
+  hyper->nesterov = 0;
+  hyper->maximize = 0;
+  hyper->amsgrad = 0;
+}
+
+/* torch.optim's constructor defaults for `algorithm` (SGD, Adam: as shardopt_hyperparams_init;
+ * AdamW: weight_decay 0.01): what groups take when neither they nor the config set any.
+ * `out->struct_size` must be set by the caller; the rest is filled in. */
+SHARDOPT_C_API shardopt_status shardopt_default_hyperparams(shardopt_algorithm algorithm,
+                                                            shardopt_hyperparams* out);
+
 typedef struct shardopt_optimizer_config {
   size_t struct_size;
   shardopt_algorithm algorithm;
@@ -197,6 +239,12 @@ typedef struct shardopt_optimizer_config {
   int32_t stochastic_rounding;
   uint64_t rounding_seed;
   shardopt_loss_scaling loss_scaling;
+  /* ---- appended later: the sizes of the earlier structs (through `threads`, through
+   * `loss_scaling`) are still accepted, and then leave the fields below at their defaults ---- */
+  /* The optimizer-level hyperparameters (torch's `defaults`): what a group whose `hyperparams`
+   * is NULL takes, at create and in add_param_group. NULL: shardopt_default_hyperparams(algorithm),
+   * torch's constructor defaults (AdamW: weight_decay 0.01). Read during create, not kept. */
+  const shardopt_hyperparams* defaults;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -216,35 +264,7 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->loss_scaling.backoff_factor = 0.5;
   config->loss_scaling.growth_interval = 2000;
   config->loss_scaling.min_scale = 1.0;
-}
-
-/* Per-group hyperparameters with torch.optim's names and defaults; changeable between steps. */
-typedef struct shardopt_hyperparams {
-  size_t struct_size;
-  double lr;
-  double beta1; /* Adam/AdamW */
-  double beta2;
-  double eps;
-  double weight_decay; /* SGD/Adam: L2 added to the gradient; AdamW: decoupled */
-  double momentum;     /* SGD */
-  double dampening;
-  int32_t nesterov; /* booleans: 0 or 1 */
-  int32_t maximize;
-  int32_t amsgrad;
-} shardopt_hyperparams;
-
-static inline void shardopt_hyperparams_init(shardopt_hyperparams* hyper) {
-  hyper->struct_size = sizeof(shardopt_hyperparams);
-  hyper->lr = 1e-3;
-  hyper->beta1 = 0.9;
-  hyper->beta2 = 0.999;
-  hyper->eps = 1e-8;
-  hyper->weight_decay = 0.0;
-  hyper->momentum = 0.0;
-  hyper->dampening = 0.0;
-  hyper->nesterov = 0;
-  hyper->maximize = 0;
-  hyper->amsgrad = 0;
+  config->defaults = NULL;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors
@@ -275,7 +295,9 @@ static inline void shardopt_param_desc_init(shardopt_param_desc* desc) {
   desc->grad_dlpack = NULL;
 }
 
-/* A param group: its parameters and hyperparameters (NULL: torch's defaults). */
+/* A param group: its parameters and hyperparameters. `hyperparams` NULL: the optimizer's defaults
+ * (shardopt_optimizer_config.defaults, or torch's for the algorithm), as a torch param group that
+ * sets no hyperparameter key; otherwise every field of *hyperparams is the group's own. */
 typedef struct shardopt_param_group_desc {
   size_t struct_size;
   const shardopt_param_desc* params;
@@ -356,7 +378,8 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_create(shardopt_comm_t comm,
 SHARDOPT_C_API shardopt_status shardopt_optimizer_destroy(shardopt_optimizer_t opt);
 
 /* Collective. Earlier params keep their ids and state; `out_group` (may be NULL) receives the
- * new group's index. */
+ * new group's index. A group whose `hyperparams` is NULL takes the optimizer's defaults
+ * (shardopt_optimizer_get_defaults), as torch's add_param_group does. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_add_param_group(shardopt_optimizer_t opt,
                                                                   const shardopt_param_group_desc* group,
                                                                   int32_t* out_group);
@@ -368,6 +391,9 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_find_param(shardopt_optimizer_
 /* `out->struct_size` must be set by the caller; the rest is filled in. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_get_hyperparams(shardopt_optimizer_t opt, int32_t group,
                                                                   shardopt_hyperparams* out);
+/* The optimizer-level defaults that groups added with NULL hyperparams take (config->defaults,
+ * or shardopt_default_hyperparams(algorithm)). `out->struct_size` must be set by the caller. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_get_defaults(shardopt_optimizer_t opt, shardopt_hyperparams* out);
 /* Same values on every rank (e.g. an LR schedule); takes effect at the next step. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_set_hyperparams(shardopt_optimizer_t opt, int32_t group,
                                                                   const shardopt_hyperparams* hyper);

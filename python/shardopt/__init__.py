@@ -11,18 +11,22 @@ parameters, updates that shard and syncs the parameters back to every rank::
         comm,
         [{"params": [(name, p) for name, p in model.named_parameters()], "lr": 1e-3}],
         shardopt.OptimizerConfig(algorithm=shardopt.Algorithm.adamw, storage=shardopt.Storage.external),
+        weight_decay=0.05,  # keyword hyperparameters: the defaults that groups' missing keys take
     )
+    opt.hyperparams(0).lr = 5e-4  # a live view of the group: takes effect at the next step
 """
 from ._shardopt import (  # noqa: F401  (the public API)
     Algorithm,
     Communicator,
     Error,
     Hyperparams,
+    HyperparamsView,
     MemoryReport,
     OptimizerConfig,
     PartitionStrategy,
     Storage,
     ZeroOptimizer,
+    default_hyperparams,
     mpi_world,
     nccl_compiled_in,
     nccl_world,

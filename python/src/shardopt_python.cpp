@@ -1,17 +1,20 @@
 // python/src/shardopt_python.cpp — the `shardopt` Python module (nanobind): the C++ API, taking any tensor that exposes __dlpack__ (torch, numpy, ...).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/dlpack_import.hpp"
+#include "optim/hyperparams.hpp"
 #include "shardopt/checkpoint.hpp"
 #include "shardopt/shardopt.h"
 #include "shardopt/shardopt.hpp"
@@ -25,21 +28,9 @@ namespace {
 
 // ---- DLPack from Python objects --------------------------------------------------------------
 
-// Owns one DLManagedTensorVersioned: its deleter runs exactly once, when this is destroyed.
-class OwnedTensor {
- public:
-  explicit OwnedTensor(DLManagedTensorVersioned* t) : t_(t) {}
-  OwnedTensor(OwnedTensor&& other) noexcept : t_(std::exchange(other.t_, nullptr)) {}
-  OwnedTensor& operator=(OwnedTensor&&) = delete;
-  OwnedTensor(const OwnedTensor&) = delete;
-  ~OwnedTensor() {
-    if (t_ != nullptr && t_->deleter != nullptr) t_->deleter(t_);
-  }
-  DLManagedTensorVersioned* get() const { return t_; }
-
- private:
-  DLManagedTensorVersioned* t_;
-};
+// Imported tensors are held by the library's own DlpackOwner (as the C ABI holds them): its
+// deleter runs exactly once, when the owner is destroyed.
+using shardopt::DlpackOwner;
 
 // A pre-1.0 ("dltensor") capsule seen as a versioned tensor; deleting it deletes the original.
 struct LegacyTensor {
@@ -55,7 +46,7 @@ void delete_legacy(DLManagedTensorVersioned* self) {
 
 // Takes the DLPack tensor out of `obj` (consuming the capsule, per the protocol). torch tensors
 // that require grad are detached first: the detached tensor shares the same storage.
-OwnedTensor take_dlpack(nb::handle obj, const std::string& what) {
+DlpackOwner take_dlpack(nb::handle obj, const std::string& what) {
   nb::object source = nb::borrow(obj);
   if (nb::hasattr(source, "detach") && nb::hasattr(source, "requires_grad")) source = source.attr("detach")();
   if (!nb::hasattr(source, "__dlpack__")) {
@@ -75,7 +66,7 @@ OwnedTensor take_dlpack(nb::handle obj, const std::string& what) {
   if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
     auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
     PyCapsule_SetName(cap, "used_dltensor_versioned");
-    return OwnedTensor(t);
+    return DlpackOwner(t);
   }
   if (PyCapsule_IsValid(cap, "dltensor")) {
     auto* legacy = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
@@ -87,13 +78,13 @@ OwnedTensor take_dlpack(nb::handle obj, const std::string& what) {
     wrapper->versioned.flags = 0;
     wrapper->versioned.dl_tensor = legacy->dl_tensor;
     PyCapsule_SetName(cap, "used_dltensor");
-    return OwnedTensor(&wrapper->versioned);
+    return DlpackOwner(&wrapper->versioned);
   }
   throw Error(ErrorCode::invalid_argument, what + ": __dlpack__() did not return a DLPack capsule");
 }
 
 // The same checks as the C ABI (contiguous, f32/bf16/f16, CPU/CUDA, writable, DLPack 1.x).
-shardopt::TensorRef tensor_ref(const OwnedTensor& t, const std::string& what) {
+shardopt::TensorRef tensor_ref(const DlpackOwner& t, const std::string& what) {
   shardopt_tensor out{};
   const shardopt_status status = shardopt_tensor_from_dlpack(t.get(), &out);
   if (status != SHARDOPT_OK) {
@@ -115,7 +106,17 @@ shardopt::TensorRef tensor_ref(const OwnedTensor& t, const std::string& what) {
 const char* const kHyperKeys[] = {"lr", "betas", "beta1", "beta2", "eps", "weight_decay",
                                   "momentum", "dampening", "nesterov", "maximize", "amsgrad"};
 
-void set_hyper(shardopt::Hyperparams& h, const std::string& key, nb::handle value) {
+[[noreturn]] void unknown_key(const std::string& key, const char* where) {
+  std::string known;
+  for (const char* k : kHyperKeys) known += std::string(known.empty() ? "" : ", ") + k;
+  throw Error(ErrorCode::invalid_argument, "unknown " + std::string(where) + " '" + key + "' (" + known + ")");
+}
+
+// One hyperparameter key of a param-group dict (or a keyword default) into `h`, whose fields are
+// optional or not: a group sets only the keys its dict has (torch's semantics), and the rest
+// take the optimizer's defaults. `where` names the kind of key in the message.
+template <typename Target>
+void set_hyper(Target& h, const std::string& key, nb::handle value, const char* where) {
   if (key == "lr") h.lr = nb::cast<double>(value);
   else if (key == "betas") {
     const auto betas = nb::cast<std::vector<double>>(value);
@@ -131,11 +132,38 @@ void set_hyper(shardopt::Hyperparams& h, const std::string& key, nb::handle valu
   else if (key == "nesterov") h.nesterov = nb::cast<bool>(value);
   else if (key == "maximize") h.maximize = nb::cast<bool>(value);
   else if (key == "amsgrad") h.amsgrad = nb::cast<bool>(value);
-  else {
-    std::string known;
-    for (const char* k : kHyperKeys) known += std::string(known.empty() ? "" : ", ") + k;
-    throw Error(ErrorCode::invalid_argument, "unknown param group key '" + key + "' (params, " + known + ")");
-  }
+  else unknown_key(key, where);
+}
+
+// The value of one key, as a param-group dict holds it (betas as a tuple).
+nb::object hyper_value(const shardopt::Hyperparams& h, const std::string& key) {
+  if (key == "lr") return nb::float_(h.lr);
+  if (key == "betas") return nb::make_tuple(h.beta1, h.beta2);
+  if (key == "beta1") return nb::float_(h.beta1);
+  if (key == "beta2") return nb::float_(h.beta2);
+  if (key == "eps") return nb::float_(h.eps);
+  if (key == "weight_decay") return nb::float_(h.weight_decay);
+  if (key == "momentum") return nb::float_(h.momentum);
+  if (key == "dampening") return nb::float_(h.dampening);
+  if (key == "nesterov") return nb::bool_(h.nesterov);
+  if (key == "maximize") return nb::bool_(h.maximize);
+  if (key == "amsgrad") return nb::bool_(h.amsgrad);
+  unknown_key(key, "hyperparameter");
+}
+
+bool same_hyper(const shardopt::Hyperparams& a, const shardopt::Hyperparams& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.momentum == b.momentum && a.dampening == b.dampening &&
+         a.nesterov == b.nesterov && a.maximize == b.maximize && a.amsgrad == b.amsgrad;
+}
+
+// "lr=0.001, betas=(0.9, 0.999), ..." with Python's own float reprs (the shortest that round-trip).
+std::string hyper_text(const shardopt::Hyperparams& h) {
+  const auto f = [](double v) { return std::string(nb::repr(nb::float_(v)).c_str()); };
+  const auto b = [](bool v) { return std::string(v ? "True" : "False"); };
+  return "lr=" + f(h.lr) + ", betas=(" + f(h.beta1) + ", " + f(h.beta2) + "), eps=" + f(h.eps) +
+         ", weight_decay=" + f(h.weight_decay) + ", momentum=" + f(h.momentum) + ", dampening=" + f(h.dampening) +
+         ", nesterov=" + b(h.nesterov) + ", maximize=" + b(h.maximize) + ", amsgrad=" + b(h.amsgrad);
 }
 
 nb::dict hyper_dict(const shardopt::Hyperparams& h) {
@@ -156,7 +184,7 @@ nb::dict hyper_dict(const shardopt::Hyperparams& h) {
 // and no grad given, the tensor's own .grad is used (torch allocates it at the first backward,
 // or set it to zeros beforehand).
 shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerConfig& config,
-                                    std::vector<OwnedTensor>& tensors) {
+                                    std::vector<DlpackOwner>& tensors) {
   if (!nb::isinstance<nb::dict>(group)) {
     throw Error(ErrorCode::invalid_argument, "a param group must be a dict with 'params' and hyperparameters");
   }
@@ -165,7 +193,7 @@ shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerC
   shardopt::ParamGroupSpec spec;
   for (auto [key, value] : d) {
     const std::string k = nb::cast<std::string>(key);
-    if (k != "params") set_hyper(spec.hyper, k, value);
+    if (k != "params") set_hyper(spec.hyper, k, value, "param group key");
   }
   for (nb::handle entry : d["params"]) {
     const std::size_t n = nb::len(entry);
@@ -224,27 +252,92 @@ auto read_collectively(shardopt::Communicator& comm, const char* what, Read&& re
 // ---- the optimizer object -------------------------------------------------------------------------
 
 struct PyZeroOptimizer {
-  std::vector<OwnedTensor> tensors;  // declared first: released after the optimizer
+  std::vector<DlpackOwner> tensors;  // declared first: released after the optimizer
   std::unique_ptr<shardopt::ZeroOptimizer> opt;
 };
 
 using Groups = std::vector<shardopt::ParamGroupSpec>;
 
+// The optimizer-level defaults (torch's `defaults`): the constructor's keyword hyperparameters
+// over config.defaults, or over torch's defaults for the algorithm. Checked here, so that a bad
+// value is refused even when every group sets that key itself, as torch's constructors do.
+shardopt::Hyperparams defaults_from(const shardopt::OptimizerConfig& config, const nb::kwargs& keywords) {
+  shardopt::Hyperparams defaults = config.defaults.value_or(shardopt::default_hyperparams(config.algorithm));
+  for (auto [key, value] : keywords) set_hyper(defaults, nb::cast<std::string>(key), value, "keyword hyperparameter");
+  try {
+    shardopt::optim::validate_hyperparams(defaults, config.algorithm, 0);
+  } catch (const Error& e) {
+    // The check speaks of a group ("param group 0: invalid lr ..."); these are the defaults.
+    std::string message = e.what();
+    const std::string group_prefix = "param group 0: ";
+    if (message.rfind(group_prefix, 0) == 0) message.erase(0, group_prefix.size());
+    throw Error(e.code(), "defaults: " + message);
+  }
+  return defaults;
+}
+
 void init_optimizer(PyZeroOptimizer* self, std::shared_ptr<shardopt::Communicator> comm, nb::sequence groups,
-                    const shardopt::OptimizerConfig& config) {
+                    const shardopt::OptimizerConfig& config, const nb::kwargs& keywords) {
   if (!comm) throw Error(ErrorCode::invalid_argument, "ZeroOptimizer needs a communicator (got None)");
-  std::vector<OwnedTensor> tensors;
-  Groups specs = read_collectively(*comm, "ZeroOptimizer", [&] {
+  std::vector<DlpackOwner> tensors;
+  auto [resolved, specs] = read_collectively(*comm, "ZeroOptimizer", [&] {
+    shardopt::OptimizerConfig c = config;
+    c.defaults = defaults_from(config, keywords);
     Groups out;
-    for (nb::handle g : groups) out.push_back(group_from(g, config, tensors));
-    return out;
+    for (nb::handle g : groups) out.push_back(group_from(g, c, tensors));
+    return std::make_pair(c, std::move(out));
   });
   std::unique_ptr<shardopt::ZeroOptimizer> opt;
   {
     nb::gil_scoped_release release;
-    opt = std::make_unique<shardopt::ZeroOptimizer>(comm, config, std::move(specs));
+    opt = std::make_unique<shardopt::ZeroOptimizer>(comm, resolved, std::move(specs));
   }
   new (self) PyZeroOptimizer{std::move(tensors), std::move(opt)};
+}
+
+// ---- one group's hyperparameters, live --------------------------------------------------------
+
+// What opt.hyperparams(g) returns: the optimizer object (kept alive by this reference) and a
+// group index, never a reference into the optimizer's storage. Each read or write goes through
+// ZeroOptimizer::hyperparams(index) at that moment, so it can neither dangle nor miss a write.
+struct HyperparamsView {
+  nb::object owner;  // the Python ZeroOptimizer
+  int group = 0;
+
+  shardopt::ZeroOptimizer& opt() const { return *nb::cast<PyZeroOptimizer&>(owner).opt; }
+  shardopt::Hyperparams get() const { return opt().hyperparams(group); }
+  // Checked before it is stored (as the C ABI's set_hyperparams does), so a refused value raises
+  // at the assignment and leaves the group as it was.
+  void set(const shardopt::Hyperparams& next) const {
+    shardopt::ZeroOptimizer& o = opt();
+    shardopt::optim::validate_hyperparams(next, o.config().algorithm, group);
+    o.hyperparams(group) = next;
+  }
+};
+
+HyperparamsView hyperparams_view(nb::handle self, int group) {
+  nb::cast<PyZeroOptimizer&>(self).opt->hyperparams(group);  // raises for a group that does not exist
+  return HyperparamsView{nb::borrow(self), group};
+}
+
+template <typename T>
+void def_view_field(nb::class_<HyperparamsView>& cls, const char* name, T shardopt::Hyperparams::*field) {
+  cls.def_prop_rw(
+      name, [field](const HyperparamsView& v) { return v.get().*field; },
+      [field](const HyperparamsView& v, T value) {
+        shardopt::Hyperparams h = v.get();
+        h.*field = value;
+        v.set(h);
+      });
+}
+
+// Equality by value with another view, a Hyperparams or a param-group-style dict of all keys.
+nb::object view_equals(const HyperparamsView& v, nb::handle other) {
+  const shardopt::Hyperparams mine = v.get();
+  if (nb::isinstance<HyperparamsView>(other)) return nb::bool_(same_hyper(mine, nb::cast<HyperparamsView&>(other).get()));
+  if (nb::isinstance<shardopt::Hyperparams>(other)) return nb::bool_(same_hyper(mine, nb::cast<shardopt::Hyperparams&>(other)));
+  if (nb::isinstance<nb::dict>(other)) return nb::bool_(hyper_dict(mine).equal(other));
+  return nb::borrow(Py_NotImplemented);
 }
 
 // A view of shardopt's (or the caller's) buffer, kept valid by the optimizer object `owner`:
@@ -322,7 +415,7 @@ shardopt::StateDict state_dict_from_python(nb::dict d) {
     for (auto [key, value] : nb::borrow<nb::dict>(g)) {
       const std::string k = nb::cast<std::string>(key);
       if (k == "params") gs.params = nb::cast<std::vector<shardopt::ParamId>>(value);
-      else set_hyper(gs.hyper, k, value);
+      else set_hyper(gs.hyper, k, value, "param group key");
     }
     sd.param_groups.push_back(std::move(gs));
   }
@@ -407,7 +500,13 @@ NB_MODULE(_shardopt, m) {
       .def_rw("storage", &shardopt::OptimizerConfig::storage)
       .def_rw("shard_state", &shardopt::OptimizerConfig::shard_state)
       .def_rw("bucket_bytes", &shardopt::OptimizerConfig::bucket_bytes)
-      .def_rw("cpu_threads", &shardopt::OptimizerConfig::cpu_threads);
+      .def_rw("cpu_threads", &shardopt::OptimizerConfig::cpu_threads)
+      .def_prop_rw(
+          "defaults", [](const shardopt::OptimizerConfig& c) { return c.defaults; },
+          [](shardopt::OptimizerConfig& c, std::optional<shardopt::Hyperparams> d) { c.defaults = std::move(d); },
+          nb::arg("defaults").none(),
+          "The optimizer-level Hyperparams that groups' missing keys take (None: torch's defaults for the\n"
+              "algorithm; ZeroOptimizer's keyword hyperparameters override it).");
 
   nb::class_<shardopt::Hyperparams>(m, "Hyperparams")
       .def(nb::init<>())
@@ -421,23 +520,85 @@ NB_MODULE(_shardopt, m) {
       .def_rw("nesterov", &shardopt::Hyperparams::nesterov)
       .def_rw("maximize", &shardopt::Hyperparams::maximize)
       .def_rw("amsgrad", &shardopt::Hyperparams::amsgrad)
-      .def("as_dict", &hyper_dict);
+      .def("as_dict", &hyper_dict)
+      .def("__repr__", [](const shardopt::Hyperparams& h) { return "shardopt.Hyperparams(" + hyper_text(h) + ")"; })
+      .def("__eq__",
+           [](const shardopt::Hyperparams& h, nb::handle other) -> nb::object {
+             if (nb::isinstance<shardopt::Hyperparams>(other)) {
+               return nb::bool_(same_hyper(h, nb::cast<shardopt::Hyperparams&>(other)));
+             }
+             return nb::borrow(Py_NotImplemented);  // Python then tries the other side (a view)
+           });
+  // Mutable: not hashable, as a dict is not.
+  m.attr("Hyperparams").attr("__hash__") = nb::none();
+  m.def("default_hyperparams", &shardopt::default_hyperparams, "algorithm"_a,
+        "torch.optim's constructor defaults for the algorithm (AdamW: weight_decay 0.01).");
+
+  nb::class_<HyperparamsView> view_class(
+      m, "HyperparamsView",
+      "One param group's hyperparameters, live: reads and writes go to the optimizer at that moment\n"
+      "(a write takes effect at the next step, and is checked first). Keeps its optimizer alive.");
+  def_view_field(view_class, "lr", &shardopt::Hyperparams::lr);
+  def_view_field(view_class, "beta1", &shardopt::Hyperparams::beta1);
+  def_view_field(view_class, "beta2", &shardopt::Hyperparams::beta2);
+  def_view_field(view_class, "eps", &shardopt::Hyperparams::eps);
+  def_view_field(view_class, "weight_decay", &shardopt::Hyperparams::weight_decay);
+  def_view_field(view_class, "momentum", &shardopt::Hyperparams::momentum);
+  def_view_field(view_class, "dampening", &shardopt::Hyperparams::dampening);
+  def_view_field(view_class, "nesterov", &shardopt::Hyperparams::nesterov);
+  def_view_field(view_class, "maximize", &shardopt::Hyperparams::maximize);
+  def_view_field(view_class, "amsgrad", &shardopt::Hyperparams::amsgrad);
+  view_class
+      .def_prop_rw(
+          "betas", [](const HyperparamsView& v) { return std::make_pair(v.get().beta1, v.get().beta2); },
+          [](const HyperparamsView& v, std::pair<double, double> betas) {
+            shardopt::Hyperparams h = v.get();
+            h.beta1 = betas.first;
+            h.beta2 = betas.second;
+            v.set(h);
+          })
+      .def_prop_ro("group", [](const HyperparamsView& v) { return v.group; })
+      // torch's param_groups[g]["lr"] idiom: the same keys as a param-group dict.
+      .def("__getitem__", [](const HyperparamsView& v, const std::string& key) { return hyper_value(v.get(), key); })
+      .def("__setitem__",
+           [](const HyperparamsView& v, const std::string& key, nb::handle value) {
+             shardopt::Hyperparams h = v.get();
+             set_hyper(h, key, value, "hyperparameter");
+             v.set(h);
+           })
+      .def("keys", [](const HyperparamsView&) { return hyper_dict(shardopt::Hyperparams{}).attr("keys")(); })
+      .def("get", [](const HyperparamsView& v) { return v.get(); }, "A copy: a Hyperparams detached from the optimizer.")
+      .def("set", [](const HyperparamsView& v, const shardopt::Hyperparams& h) { v.set(h); }, "hyper"_a,
+           "Replaces every field at once (checked first).")
+      .def("as_dict", [](const HyperparamsView& v) { return hyper_dict(v.get()); })
+      .def("__eq__", &view_equals)
+      .def("__repr__", [](const HyperparamsView& v) {
+        return "<shardopt.HyperparamsView group " + std::to_string(v.group) + ": " + hyper_text(v.get()) + ">";
+      });
+  view_class.attr("__hash__") = nb::none();
 
   nb::class_<shardopt::MemoryReport>(m, "MemoryReport")
       .def_ro("state_bytes", &shardopt::MemoryReport::state_bytes)
+      .def_ro("master_bytes", &shardopt::MemoryReport::master_bytes)
+      .def_ro("param_bytes", &shardopt::MemoryReport::param_bytes)
+      .def_ro("grad_bytes", &shardopt::MemoryReport::grad_bytes)
+      .def_ro("buffer_bytes", &shardopt::MemoryReport::buffer_bytes)
       .def_ro("shard_numel", &shardopt::MemoryReport::shard_numel)
       .def_ro("trainable_numel", &shardopt::MemoryReport::trainable_numel);
 
   using Opt = PyZeroOptimizer;
   nb::class_<Opt>(m, "ZeroOptimizer")
       .def("__init__", &init_optimizer, "comm"_a, "param_groups"_a, "config"_a = shardopt::OptimizerConfig(),
+           "defaults"_a,
            "Collective. param_groups: [{'params': [(name, tensor[, grad]), ...], 'lr': ..., ...}]; tensors are\n"
            "anything exposing __dlpack__. bucket_view storage copies their initial values; external storage\n"
-           "updates them in place (gradients: the third element, or the tensor's .grad).")
+           "updates them in place (gradients: the third element, or the tensor's .grad). Keyword\n"
+           "hyperparameters (lr=..., betas=..., ...) are the optimizer's defaults, as torch's constructor\n"
+           "arguments: a group's missing keys take them, here and in add_param_group.")
       .def(
           "add_param_group",
           [](Opt& self, nb::handle group) {
-            std::vector<OwnedTensor> tensors;
+            std::vector<DlpackOwner> tensors;
             shardopt::ParamGroupSpec spec = read_collectively(self.opt->communicator(), "add_param_group", [&] {
               return group_from(group, self.opt->config(), tensors);
             });
@@ -446,18 +607,28 @@ NB_MODULE(_shardopt, m) {
               nb::gil_scoped_release release;
               index = self.opt->add_param_group(std::move(spec));
             }
-            for (OwnedTensor& t : tensors) self.tensors.push_back(std::move(t));
+            for (DlpackOwner& t : tensors) self.tensors.push_back(std::move(t));
             return index;
           },
-          "group"_a, "Collective; returns the new group's index.")
+          "group"_a, "Collective; returns the new group's index. Keys the dict lacks take the optimizer's defaults.")
       .def("set_trainable", [](Opt& s, shardopt::ParamId id, bool t) { s.opt->set_trainable(id, t); }, "id"_a, "trainable"_a)
       .def("trainable", [](const Opt& s, shardopt::ParamId id) { return s.opt->trainable(id); }, "id"_a)
       .def("num_groups", [](const Opt& s) { return s.opt->num_groups(); })
       .def("num_params", [](const Opt& s) { return s.opt->num_params(); })
-      .def(
-          "hyperparams", [](Opt& s, int group) -> shardopt::Hyperparams& { return s.opt->hyperparams(group); },
-          "group"_a, nb::rv_policy::reference_internal,
-          "The group's hyperparameters, live: assigning a field (e.g. .lr) takes effect at the next step.")
+      .def("hyperparams", &hyperparams_view, "group"_a,
+           "The group's hyperparameters, live (a HyperparamsView): assigning a field (e.g. .lr) takes effect\n"
+           "at the next step.")
+      .def_prop_ro(
+          "param_groups",
+          [](nb::handle self) {
+            std::vector<HyperparamsView> groups;
+            const int n = nb::cast<Opt&>(self).opt->num_groups();
+            for (int g = 0; g < n; ++g) groups.push_back(hyperparams_view(self, g));
+            return groups;
+          },
+          "A live HyperparamsView per group, e.g. for g in opt.param_groups: g['lr'] = lr.")
+      .def_prop_ro("defaults", [](const Opt& s) { return s.opt->defaults(); },
+                   "The optimizer-level defaults (a copy), which groups' missing keys take.")
       .def("find_param", [](const Opt& s, const std::string& name) { return s.opt->find_param(name); }, "name"_a)
       .def("param_name", [](const Opt& s, shardopt::ParamId id) { return s.opt->param_name(id); }, "id"_a)
       .def("param_group", [](const Opt& s, shardopt::ParamId id) { return s.opt->param_group(id); }, "id"_a)

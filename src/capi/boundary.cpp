@@ -129,6 +129,13 @@ uint64_t live_handle_kind(const void* handle) {
 }
 
 shardopt_comm_s& checked_comm(shardopt_comm_t comm, const char* name) {
+  // The one way a program that checks every status still holds a NULL communicator.
+  if (comm == nullptr) {
+    fail(SHARDOPT_ERR_NULL_POINTER,
+         "{} is NULL; shardopt_comm_split gives a NULL handle on ranks that passed a negative colour "
+         "(they join no communicator)",
+         name);
+  }
   check_handle(comm, kCommMagic, name);
   // The registry says it is live; a wrong magic means its memory was overwritten.
   if (comm->magic != kCommMagic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
@@ -136,6 +143,10 @@ shardopt_comm_s& checked_comm(shardopt_comm_t comm, const char* name) {
 }
 
 shardopt_optimizer_s& checked_optimizer(shardopt_optimizer_t opt, const char* name) {
+  if (opt == nullptr) {
+    fail(SHARDOPT_ERR_NULL_POINTER,
+         "{} is NULL; shardopt_optimizer_create leaves its output NULL when it fails", name);
+  }
   check_handle(opt, kOptimizerMagic, name);
   if (opt->magic != kOptimizerMagic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
   return *opt;

@@ -117,6 +117,21 @@ struct memory_report {  // through trainable_numel
   int64_t trainable_numel;
 };
 }  // namespace v1
+namespace v2 {
+struct optimizer_config {  // through `loss_scaling`
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+};
+}  // namespace v2
 
 // Each earlier version is a prefix of today's struct: same fields at the same offsets.
 #define SHARDOPT_CAPI_SAME_FIELD(v1_type, type, field) \
@@ -129,6 +144,11 @@ SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, storag
 SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, shard_state);
 SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, bucket_bytes);
 SHARDOPT_CAPI_SAME_FIELD(v1::optimizer_config, shardopt_optimizer_config, threads);
+SHARDOPT_CAPI_SAME_FIELD(v2::optimizer_config, shardopt_optimizer_config, threads);
+SHARDOPT_CAPI_SAME_FIELD(v2::optimizer_config, shardopt_optimizer_config, stage);
+SHARDOPT_CAPI_SAME_FIELD(v2::optimizer_config, shardopt_optimizer_config, stochastic_rounding);
+SHARDOPT_CAPI_SAME_FIELD(v2::optimizer_config, shardopt_optimizer_config, rounding_seed);
+SHARDOPT_CAPI_SAME_FIELD(v2::optimizer_config, shardopt_optimizer_config, loss_scaling);
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, struct_size);
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, state_bytes);
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, param_buffer_bytes);
@@ -137,6 +157,10 @@ SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, shard_numel)
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, trainable_numel);
 #undef SHARDOPT_CAPI_SAME_FIELD
 
+static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
+                  sizeof(v2::optimizer_config) < sizeof(shardopt_optimizer_config),
+              "each version of shardopt_optimizer_config must have a size of its own");
+
 // Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
 template <typename Struct>
 struct KnownSizes {
@@ -144,7 +168,8 @@ struct KnownSizes {
 };
 template <>
 struct KnownSizes<shardopt_optimizer_config> {
-  static constexpr std::size_t values[] = {sizeof(v1::optimizer_config), sizeof(shardopt_optimizer_config)};
+  static constexpr std::size_t values[] = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
+                                           sizeof(shardopt_optimizer_config)};
 };
 template <>
 struct KnownSizes<shardopt_memory_report> {

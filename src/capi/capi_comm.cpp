@@ -28,6 +28,7 @@ void publish(std::shared_ptr<Communicator> comm, shardopt_comm_t* out) {
 }  // namespace shardopt
 
 using namespace shardopt::capi;
+using shardopt::Communicator;
 
 extern "C" {
 
@@ -54,7 +55,10 @@ shardopt_status shardopt_comm_split(shardopt_comm_t comm, int color, int key, sh
     shardopt_comm_s& c = checked_comm(comm, "comm");
     check_not_null(out, "out");
     *out = nullptr;
-    publish(c.comm->split(color, key), out);
+    std::shared_ptr<Communicator> child = c.comm->split(color, key);
+    // A negative colour joins no group (MPI_UNDEFINED): *out stays NULL, which every other call
+    // refuses by name, rather than a handle over no communicator.
+    if (child != nullptr) publish(std::move(child), out);
   });
 }
 

@@ -29,6 +29,21 @@ static_assert(SHARDOPT_DEVICE_CPU == static_cast<int>(Device::Kind::cpu) &&
                   SHARDOPT_DEVICE_CUDA == static_cast<int>(Device::Kind::cuda),
               "shardopt_device_kind mirrors shardopt::Device::Kind");
 
+Hyperparams hyper_from(const shardopt_hyperparams& h) {
+  Hyperparams result;
+  result.lr = h.lr;
+  result.beta1 = h.beta1;
+  result.beta2 = h.beta2;
+  result.eps = h.eps;
+  result.weight_decay = h.weight_decay;
+  result.momentum = h.momentum;
+  result.dampening = h.dampening;
+  result.nesterov = h.nesterov != 0;
+  result.maximize = h.maximize != 0;
+  result.amsgrad = h.amsgrad != 0;
+  return result;
+}
+
 // The fields appended to shardopt_optimizer_config after its first version. Checked here as well
 // as by ZeroOptimizer, so that a value refused on one rank fails the collective create on every
 // rank (see fail_collectively) instead of leaving the others in the registration check.
@@ -76,6 +91,23 @@ void appended_config_from(const shardopt_optimizer_config* config, OptimizerConf
   out.min_scale = ls.min_scale;
 }
 
+// config->defaults, checked here so that a bad value fails the create on every rank (even when
+// no group inherits it) with a message naming the field.
+Hyperparams defaults_from(const shardopt_optimizer_config& config, Algorithm algorithm) {
+  check_struct(config.defaults, "config->defaults", "shardopt_hyperparams");
+  const Hyperparams defaults = hyper_from(*config.defaults);
+  try {
+    optim::validate_hyperparams(defaults, algorithm, 0);
+  } catch (const Error& e) {
+    // The check speaks of a group ("param group 0: invalid lr ..."): say which struct it was.
+    std::string message = e.what();
+    const std::string group_prefix = "param group 0: ";
+    if (message.rfind(group_prefix, 0) == 0) message.erase(0, group_prefix.size());
+    fail(status_from(e.code()), "config->defaults: {}", message);
+  }
+  return defaults;
+}
+
 OptimizerConfig config_from(const shardopt_optimizer_config* config) {
   OptimizerConfig result;
   if (config == nullptr) return result;
@@ -107,21 +139,9 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
   // The earlier header's struct ends at `threads`: the appended fields keep their defaults
   // (their bytes, if any, are that struct's tail padding and are not read).
   if (newer_than<v1::optimizer_config>(config)) appended_config_from(config, result);
-  return result;
-}
-
-Hyperparams hyper_from(const shardopt_hyperparams& h) {
-  Hyperparams result;
-  result.lr = h.lr;
-  result.beta1 = h.beta1;
-  result.beta2 = h.beta2;
-  result.eps = h.eps;
-  result.weight_decay = h.weight_decay;
-  result.momentum = h.momentum;
-  result.dampening = h.dampening;
-  result.nesterov = h.nesterov != 0;
-  result.maximize = h.maximize != 0;
-  result.amsgrad = h.amsgrad != 0;
+  if (newer_than<v2::optimizer_config>(config) && config->defaults != nullptr) {
+    result.defaults = defaults_from(*config, result.algorithm);
+  }
   return result;
 }
 
@@ -346,6 +366,25 @@ shardopt_status shardopt_optimizer_get_hyperparams(shardopt_optimizer_t opt, int
     shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
     check_struct(out, "out", "shardopt_hyperparams");
     hyper_to(o.opt->hyperparams(group), *out);
+  });
+}
+
+shardopt_status shardopt_optimizer_get_defaults(shardopt_optimizer_t opt, shardopt_hyperparams* out) {
+  return guard("shardopt_optimizer_get_defaults", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    check_struct(out, "out", "shardopt_hyperparams");
+    hyper_to(o.opt->defaults(), *out);
+  });
+}
+
+shardopt_status shardopt_default_hyperparams(shardopt_algorithm algorithm, shardopt_hyperparams* out) {
+  return guard("shardopt_default_hyperparams", [&] {
+    const int value = raw_enum_value(algorithm);
+    if (value < 0 || value > 2) {
+      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "algorithm is {}, not a shardopt_algorithm (0..2)", value);
+    }
+    check_struct(out, "out", "shardopt_hyperparams");
+    hyper_to(shardopt::default_hyperparams(static_cast<shardopt::Algorithm>(value)), *out);
   });
 }
 

@@ -37,7 +37,7 @@ foreach(required
     "shardopt_optimizer_create" "shardopt_last_error" "shardopt_tensor_from_dlpack" "shardopt_version"
     "shardopt_optimizer_reduce_gradient" "shardopt_optimizer_reduce_gradient_dlpack"
     "shardopt_optimizer_clip_grad_norm" "shardopt_optimizer_loss_scale" "shardopt_optimizer_set_loss_scale"
-    "shardopt_optimizer_last_step"
+    "shardopt_optimizer_last_step" "shardopt_default_hyperparams" "shardopt_optimizer_get_defaults"
     "shardopt::mpi_world(" "shardopt::ZeroOptimizer::step()" "typeinfo for shardopt::Error"
     "typeinfo for shardopt::Communicator" "shardopt::error_code_name(")
   string(FIND "${listing}" "${required}" at)
