@@ -9,29 +9,32 @@ namespace shardopt {
 namespace optim {
 namespace {
 
-void check_finite_at_least(double value, double low, const char* field, int group) {
+void check_finite_at_least(double value, double low, const char* field, const std::string& where) {
   SHARDOPT_CHECK(std::isfinite(value) && value >= low, invalid_argument,
-                 "param group {}: invalid {} {} (must be a finite number >= {})", group, field,
-                 value, low);
+                 "{}: invalid {} {} (must be a finite number >= {})", where, field, value, low);
 }
 
-void check_beta(double value, const char* field, int group) {
+void check_beta(double value, const char* field, const std::string& where) {
   SHARDOPT_CHECK(std::isfinite(value) && value >= 0.0 && value < 1.0, invalid_argument,
-                 "param group {}: invalid {} {} (must be in [0, 1))", group, field, value);
+                 "{}: invalid {} {} (must be in [0, 1))", where, field, value);
 }
 
 }  // namespace
 
 void validate_hyperparams(const Hyperparams& hyper, Algorithm algorithm, int group) {
+  validate_hyperparams(hyper, algorithm, fmt::format("param group {}", group));
+}
+
+void validate_hyperparams(const Hyperparams& hyper, Algorithm algorithm, const std::string& group) {
   check_finite_at_least(hyper.lr, 0.0, "lr", group);
   check_finite_at_least(hyper.weight_decay, 0.0, "weight_decay", group);
   if (algorithm == Algorithm::sgd) {
     check_finite_at_least(hyper.momentum, 0.0, "momentum", group);
     SHARDOPT_CHECK(std::isfinite(hyper.dampening), invalid_argument,
-                   "param group {}: invalid dampening {} (must be finite)", group, hyper.dampening);
+                   "{}: invalid dampening {} (must be finite)", group, hyper.dampening);
     SHARDOPT_CHECK(!hyper.nesterov || (hyper.momentum > 0.0 && hyper.dampening == 0.0),
                    invalid_argument,
-                   "param group {}: nesterov momentum requires momentum > 0 and dampening == 0 "
+                   "{}: nesterov momentum requires momentum > 0 and dampening == 0 "
                    "(got momentum {}, dampening {})",
                    group, hyper.momentum, hyper.dampening);
   } else {

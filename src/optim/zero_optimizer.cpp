@@ -78,7 +78,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
   AgreementRecord record("ZeroOptimizer");
   record.validate([&] { optim::validate_config(config); });
   if (config.defaults) {
-    record.validate([&] { optim::validate_hyperparams(*config.defaults, config.algorithm, -1); });
+    record.validate([&] { optim::validate_hyperparams(*config.defaults, config.algorithm, "config.defaults"); });
   }
   optim::add_config_fields(config, record);
   if (record.failed()) {
