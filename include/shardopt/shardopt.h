@@ -115,8 +115,8 @@ static inline void shardopt_comm_options_init(shardopt_comm_options* options) {
   options->timeout_seconds = 600.0;
 }
 
-/* MPI_COMM_WORLD over host memory. Initialises MPI if nobody has, and finalises it when the last
- * communicator that owns it is destroyed. `options` may be NULL (defaults). */
+/* MPI_COMM_WORLD over host memory. Initialises MPI if nobody has; MPI then stays initialised until
+ * the process exits, when shardopt finalises it. `options` may be NULL (defaults). */
 SHARDOPT_C_API shardopt_status shardopt_comm_world(const shardopt_comm_options* options,
                                                    shardopt_comm_t* out);
 /* Borrows the caller's communicator: `mpi_comm` points at an MPI_Comm (so this header needs no

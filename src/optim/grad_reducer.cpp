@@ -90,7 +90,8 @@ void GradReducer::all_reduce_external() {
 }
 
 void GradReducer::open_round_if_needed() {
-  if (!buckets_.empty()) return;
+  if (round_open_) return;
+  round_open_ = true;
   const partition::Layout& layout = shard_.layout();
   const int64_t total = layout.buffer_numel;
   for (int64_t begin = 0; begin < total; begin += bucket_numel()) {
@@ -240,6 +241,7 @@ void GradReducer::check_no_open_round(const char* what) const {
 
 void GradReducer::end_round() {
   finish_in_flight();
+  round_open_ = false;
   buckets_.clear();
   handed_.assign(table_.size(), false);
   handed_count_ = 0;

@@ -55,6 +55,7 @@ class GradReducer {
   const ParamTable& table_;
   const ShardState& shard_;
 
+  bool round_open_ = false;
   std::vector<Bucket> buckets_;
   std::vector<core::FlatBuffer> staging_;  // a pool: at most kBucketsInFlight + open ones
   std::vector<bool> staging_busy_;

@@ -48,6 +48,8 @@ void add_step_fields(ZeroOptimizer::Impl& im, AgreementRecord& record) {
     optim::add_group_fields(h, g, record);
   }
   record.field("loss scale", fmt::format("{}", im.step.loss_scale()));
+  // Layout changes are collective, so equal versions mean equal layouts (and trainable flags).
+  record.field("layout version", fmt::format("{}", im.shard.layout_version()));
 }
 
 // Collective: checks `specs` locally, agrees with the other ranks, then appends and re-lays out.

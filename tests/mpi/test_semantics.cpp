@@ -143,6 +143,22 @@ TEST_CASE("groups take the optimizer's defaults for what they leave unset at con
   CHECK(opt.param_step(2) == 1);
 }
 
+TEST_CASE("a group's hyperparams reference stays valid and live as groups are added", "[semantics][defaults]") {
+  auto comm = test_comm();
+  Params params({8, 8, 8, 8, 8}, 11);
+  ZeroOptimizer opt(comm, OptimizerConfig{}, {params.group(0, 1)});
+  Hyperparams& first = opt.hyperparams(0);
+  // Enough groups that a vector of groups would have reallocated under the reference.
+  for (std::size_t i = 1; i < 5; ++i) opt.add_param_group(params.group(i, i + 1));
+  first.lr = 0.25;
+  CHECK(opt.hyperparams(0).lr == 0.25);
+  CHECK(&opt.hyperparams(0) == &first);
+  const float before = all_params(opt)[0];
+  write_grads(opt, 0);
+  opt.step();  // Adam's first step moves every element by about lr
+  CHECK(std::fabs(all_params(opt)[0] - before) > 0.2f);
+}
+
 // ---- sorted_greedy owners, frozen params included ----------------------------------------------
 
 TEST_CASE("sorted_greedy assigns owners as torch does with frozen params included at every world size",

@@ -1,0 +1,82 @@
+// python/src/py_optimizer.cpp — the Python ZeroOptimizer's construction: param-group dicts (torch's layout, tensors by DLPack) into ParamGroupSpecs, read on every rank before the collective create.
+#include "py_optimizer.hpp"
+
+#include <nanobind/stl/string.h>
+
+#include <utility>
+
+#include "py_hyperparams.hpp"
+
+namespace shardopt_python {
+
+using shardopt::Error;
+using shardopt::ErrorCode;
+
+namespace {
+
+using Groups = std::vector<shardopt::ParamGroupSpec>;
+
+}  // namespace
+
+shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerConfig& config,
+                                    std::vector<DlpackOwner>& tensors) {
+  if (!nb::isinstance<nb::dict>(group)) {
+    throw Error(ErrorCode::invalid_argument, "a param group must be a dict with 'params' and hyperparameters");
+  }
+  nb::dict d = nb::borrow<nb::dict>(group);
+  if (!d.contains("params")) throw Error(ErrorCode::invalid_argument, "a param group has no 'params'");
+  shardopt::ParamGroupSpec spec;
+  for (auto [key, value] : d) {
+    const std::string k = nb::cast<std::string>(key);
+    if (k != "params") set_hyper(spec.hyper, k, value, "param group key");
+  }
+  for (nb::handle entry : d["params"]) {
+    const std::size_t n = nb::len(entry);
+    if (!nb::isinstance<nb::tuple>(entry) && !nb::isinstance<nb::list>(entry)) {
+      throw Error(ErrorCode::invalid_argument, "each param must be a (name, tensor) or (name, tensor, grad) tuple");
+    }
+    if (n != 2 && n != 3) {
+      throw Error(ErrorCode::invalid_argument, "each param must be a (name, tensor) or (name, tensor, grad) tuple");
+    }
+    shardopt::ParamSpec p;
+    p.name = nb::cast<std::string>(entry[0]);
+    nb::object param = entry[1];
+    nb::object grad = n == 3 ? nb::object(entry[2]) : nb::none();
+    if (grad.is_none() && config.storage == shardopt::Storage::external && nb::hasattr(param, "grad")) {
+      grad = param.attr("grad");
+    }
+    tensors.push_back(take_dlpack(param, "parameter '" + p.name + "'"));
+    p.param = tensor_ref(tensors.back(), "parameter '" + p.name + "'");
+    if (!grad.is_none()) {
+      tensors.push_back(take_dlpack(grad, "gradient of '" + p.name + "'"));
+      p.grad = tensor_ref(tensors.back(), "gradient of '" + p.name + "'");
+    } else if (config.storage == shardopt::Storage::external) {
+      throw Error(ErrorCode::invalid_argument,
+                  "parameter '" + p.name + "': external storage needs a gradient buffer: pass (name, param, grad), "
+                  "or give the tensor a .grad (e.g. p.grad = torch.zeros_like(p))");
+    }
+    spec.params.push_back(std::move(p));
+  }
+  return spec;
+}
+
+void init_optimizer(PyZeroOptimizer* self, std::shared_ptr<shardopt::Communicator> comm, nb::sequence groups,
+                    const shardopt::OptimizerConfig& config, const nb::kwargs& keywords) {
+  if (!comm) throw Error(ErrorCode::invalid_argument, "ZeroOptimizer needs a communicator (got None)");
+  std::vector<DlpackOwner> tensors;
+  auto [resolved, specs] = read_collectively(*comm, "ZeroOptimizer", [&] {
+    shardopt::OptimizerConfig c = config;
+    c.defaults = defaults_from(config, keywords);
+    Groups out;
+    for (nb::handle g : groups) out.push_back(group_from(g, c, tensors));
+    return std::make_pair(c, std::move(out));
+  });
+  std::unique_ptr<shardopt::ZeroOptimizer> opt;
+  {
+    nb::gil_scoped_release release;
+    opt = std::make_unique<shardopt::ZeroOptimizer>(comm, resolved, std::move(specs));
+  }
+  new (self) PyZeroOptimizer{std::move(tensors), std::move(opt)};
+}
+
+}  // namespace shardopt_python

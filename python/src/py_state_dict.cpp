@@ -1,0 +1,79 @@
+// python/src/py_state_dict.cpp — StateDict to and from Python dicts in torch's optimizer.state_dict() layout (state by global index, param_groups, plus the param names checked on load).
+#include "py_state_dict.hpp"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "py_hyperparams.hpp"
+#include "py_tensors.hpp"
+
+namespace shardopt_python {
+
+using shardopt::Error;
+using shardopt::ErrorCode;
+
+nb::dict state_dict_to_python(const shardopt::StateDict& sd) {
+  nb::dict state;
+  for (const auto& [id, ps] : sd.state) {
+    nb::dict entry;
+    entry["step"] = ps.step;
+    for (const auto& [kind, values] : ps.tensors) entry[kind.c_str()] = numpy_copy(values);
+    state[nb::int_(id)] = entry;
+  }
+  nb::list groups;
+  for (const shardopt::ParamGroupState& g : sd.param_groups) {
+    nb::dict d = hyper_dict(g.hyper);
+    d["params"] = nb::cast(g.params);
+    groups.append(d);
+  }
+  nb::dict out;
+  out["algorithm"] = shardopt::algorithm_name(sd.algorithm);
+  out["param_names"] = nb::cast(sd.param_names);
+  out["state"] = state;
+  out["param_groups"] = groups;
+  return out;
+}
+
+shardopt::StateDict state_dict_from_python(nb::dict d) {
+  shardopt::StateDict sd;
+  const std::string algorithm = nb::cast<std::string>(d["algorithm"]);
+  bool known = false;
+  for (shardopt::Algorithm a : {shardopt::Algorithm::sgd, shardopt::Algorithm::adam, shardopt::Algorithm::adamw}) {
+    if (algorithm == shardopt::algorithm_name(a)) {
+      sd.algorithm = a;
+      known = true;
+    }
+  }
+  if (!known) throw Error(ErrorCode::invalid_argument, "state dict: unknown algorithm '" + algorithm + "'");
+  sd.param_names = nb::cast<std::vector<std::string>>(d["param_names"]);
+  for (auto [key, value] : nb::borrow<nb::dict>(d["state"])) {
+    shardopt::ParamState ps;
+    for (auto [kind, tensor] : nb::borrow<nb::dict>(value)) {
+      const std::string k = nb::cast<std::string>(kind);
+      if (k == "step") {
+        ps.step = nb::cast<int64_t>(tensor);
+        continue;
+      }
+      auto array = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(tensor);
+      ps.tensors[k].assign(array.data(), array.data() + array.size());
+    }
+    sd.state[nb::cast<shardopt::ParamId>(key)] = std::move(ps);
+  }
+  for (nb::handle g : nb::borrow<nb::list>(d["param_groups"])) {
+    shardopt::ParamGroupState gs;
+    for (auto [key, value] : nb::borrow<nb::dict>(g)) {
+      const std::string k = nb::cast<std::string>(key);
+      if (k == "params") gs.params = nb::cast<std::vector<shardopt::ParamId>>(value);
+      else set_hyper(gs.hyper, k, value, "param group key");
+    }
+    sd.param_groups.push_back(std::move(gs));
+  }
+  return sd;
+}
+
+}  // namespace shardopt_python
