@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <string>
 
-#include "core/check.hpp"
 #include "cuda/cuda_launchers.hpp"
 #include "grad_stats.hpp"
+#include "kernel_check.hpp"
 
 namespace shardopt {
 namespace kernels {
@@ -20,8 +20,8 @@ namespace {
                                 ? fmt::format("cuda:{}", device)
                                 : std::string("no usable CUDA device");
   cudaGetLastError();  // a failed launch's error is not sticky; leave none behind
-  raise(ErrorCode::cuda, "{} failed ({}): {} ({})", what, where, cudaGetErrorString(status),
-        cudaGetErrorName(status));
+  raise_error(ErrorCode::cuda, "{} failed ({}): {} ({})", what, where, cudaGetErrorString(status),
+              cudaGetErrorName(status));
 }
 
 void check_cuda(cudaError_t status, const char* what) {
@@ -54,7 +54,8 @@ GridShape adam_grid(const VectorPlan& plan, const AdamScalars& s) {
 }
 
 void check_span(const void* p, int64_t n, const char* op, const char* name) {
-  SHARDOPT_CHECK(p != nullptr, invalid_argument, "{}: `{}` is null for {} elements", op, name, n);
+  SHARDOPT_KERNEL_CHECK(p != nullptr, invalid_argument, "{}: `{}` is null for {} elements", op, name,
+                        n);
 }
 
 VectorPlan plan_sgd(const SgdBuffers& b, int64_t n, const SgdScalars& s) {
@@ -98,8 +99,8 @@ class Workspace {
 };
 
 void check_dtype(DType dtype, const char* op) {
-  SHARDOPT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
-                 invalid_argument, "{}: unknown dtype {}", op, static_cast<int>(dtype));
+  SHARDOPT_KERNEL_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+                        invalid_argument, "{}: unknown dtype {}", op, static_cast<int>(dtype));
 }
 
 // The checks every mixed update shares: the parameter and gradient exist, and a master exists
@@ -109,12 +110,12 @@ void check_tensors(const UpdateTensors& t, int64_t n, const char* op) {
   check_span(t.param, n, op, "param");
   check_span(t.grad, n, op, "grad");
   if (t.dtype == DType::f32) {
-    SHARDOPT_CHECK(t.master == nullptr, invalid_argument,
-                   "{}: an f32 parameter is its own master, but `master` is not null", op);
+    SHARDOPT_KERNEL_CHECK(t.master == nullptr, invalid_argument,
+                          "{}: an f32 parameter is its own master, but `master` is not null", op);
   } else {
-    SHARDOPT_CHECK(t.master != nullptr, invalid_argument,
-                   "{}: a {} parameter needs an fp32 master, but `master` is null", op,
-                   dtype_name(t.dtype));
+    SHARDOPT_KERNEL_CHECK(t.master != nullptr, invalid_argument,
+                          "{}: a {} parameter needs an fp32 master, but `master` is null", op,
+                          dtype_name(t.dtype));
   }
 }
 
@@ -156,7 +157,7 @@ GridShape convert_grid(const VectorPlan& plan, ConvertKind kind, DType dtype, co
 
 void sgd_update_cuda(float* param, const float* grad, float* momentum_buf, int64_t n,
                      const SgdScalars& s, void* stream) {
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "sgd_update_cuda: negative element count {}", n);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "sgd_update_cuda: negative element count {}", n);
   if (n == 0) return;
   check_span(param, n, "sgd_update_cuda", "param");
   check_span(grad, n, "sgd_update_cuda", "grad");
@@ -170,7 +171,7 @@ void sgd_update_cuda(float* param, const float* grad, float* momentum_buf, int64
 
 void adam_update_cuda(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                       float* max_exp_avg_sq, int64_t n, const AdamScalars& s, void* stream) {
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "adam_update_cuda: negative element count {}", n);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "adam_update_cuda: negative element count {}", n);
   if (n == 0) return;
   check_span(param, n, "adam_update_cuda", "param");
   check_span(grad, n, "adam_update_cuda", "grad");
@@ -185,7 +186,7 @@ void adam_update_cuda(float* param, const float* grad, float* exp_avg, float* ex
 }
 
 void divide_cuda(float* x, int64_t n, float divisor, void* stream) {
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "divide_cuda: negative element count {}", n);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "divide_cuda: negative element count {}", n);
   if (n == 0) return;
   check_span(x, n, "divide_cuda", "x");
   const VectorPlan plan = plan_single(x, n);
@@ -200,7 +201,7 @@ void divide_cuda(float* x, int64_t n, float divisor, void* stream) {
 void sgd_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
                      const GradTransform& gt, const Rounding& r, void* stream) {
   const char* op = "sgd_update_cuda";
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   if (n == 0) return;
   check_tensors(t, n, op);
   if (s.use_momentum) check_span(momentum_buf, n, op, "momentum_buf");
@@ -229,7 +230,7 @@ void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                       float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
                       const GradTransform& gt, const Rounding& r, void* stream) {
   const char* op = "adam_update_cuda";
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   if (n == 0) return;
   check_tensors(t, n, op);
   check_span(exp_avg, n, op, "exp_avg");
@@ -261,8 +262,8 @@ void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
 void grad_stats_cuda(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,
                      double* out, bool accumulate, void* workspace, void* stream) {
   const char* op = "grad_stats_cuda";
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
-  SHARDOPT_CHECK(out != nullptr, invalid_argument, "{}: `out` is null", op);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  SHARDOPT_KERNEL_CHECK(out != nullptr, invalid_argument, "{}: `out` is null", op);
   check_dtype(dtype, op);
   if (n > 0) check_span(grad, n, op, "grad");
   const auto s = static_cast<cudaStream_t>(stream);
@@ -281,7 +282,7 @@ namespace {
 template <typename Launch>
 void convert_cuda(const char* op, ConvertKind kind, const void* src, void* dst, DType dtype, int64_t n,
                   void* stream, const Launch& launch) {
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   check_dtype(dtype, op);
   if (n == 0) return;
   check_span(src, n, op, "src");
@@ -314,7 +315,7 @@ void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stre
 
 void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream) {
   const char* op = "divide_cuda";
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   check_dtype(dtype, op);
   if (n == 0) return;
   if (dtype == DType::f32) {
@@ -336,8 +337,8 @@ std::size_t reduction_workspace_bytes() {
 
 void squared_norm_cuda(const float* x, int64_t n, float* out, bool accumulate, void* workspace,
                        void* stream) {
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "squared_norm_cuda: negative element count {}", n);
-  SHARDOPT_CHECK(out != nullptr, invalid_argument, "squared_norm_cuda: `out` is null");
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "squared_norm_cuda: negative element count {}", n);
+  SHARDOPT_KERNEL_CHECK(out != nullptr, invalid_argument, "squared_norm_cuda: `out` is null");
   if (n > 0) check_span(x, n, "squared_norm_cuda", "x");
   const VectorPlan plan = plan_single(x, n);
   // The grid depends on n alone (not on the device), which fixes the summation order.
@@ -357,8 +358,8 @@ void squared_norm_cuda(const float* x, int64_t n, float* out, bool accumulate, v
 }
 
 void any_nonfinite_cuda(const float* x, int64_t n, int32_t* found, void* stream) {
-  SHARDOPT_CHECK(n >= 0, invalid_argument, "any_nonfinite_cuda: negative element count {}", n);
-  SHARDOPT_CHECK(found != nullptr, invalid_argument, "any_nonfinite_cuda: `found` is null");
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "any_nonfinite_cuda: negative element count {}", n);
+  SHARDOPT_KERNEL_CHECK(found != nullptr, invalid_argument, "any_nonfinite_cuda: `found` is null");
   if (n == 0) return;
   check_span(x, n, "any_nonfinite_cuda", "x");
   const VectorPlan plan = plan_single(x, n);
