@@ -10,15 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-// Always inlined on the host too: the CPU loops only vectorise once every per-element helper
-// is inlined, and with many instantiations GCC's inlining heuristics give up on some.
-#if defined(__CUDACC__)
-#define SHARDOPT_HOST_DEVICE __host__ __device__ __forceinline__
-#elif defined(__GNUC__)
-#define SHARDOPT_HOST_DEVICE inline __attribute__((always_inline))
-#else
-#define SHARDOPT_HOST_DEVICE inline
-#endif
+#include "numerics/host_device.hpp"
 
 namespace shardopt {
 namespace kernels {

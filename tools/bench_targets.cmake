@@ -5,6 +5,7 @@
 add_executable(shardopt-bench ${CMAKE_CURRENT_LIST_DIR}/shardopt_bench.cpp)
 # OpenMP: the STREAM measurement runs the same number of threads per rank as the update.
 target_link_libraries(shardopt-bench PRIVATE shardopt::shardopt fmt::fmt OpenMP::OpenMP_CXX)
-# kernels/precision.hpp: bf16/f16 conversions for the synthetic 16-bit parameters and gradients.
-target_include_directories(shardopt-bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../kernels)
+# kernels/precision.hpp: bf16/f16 conversions for the synthetic 16-bit parameters and gradients
+# (it includes numerics/half_float.hpp, found from the repository root).
+target_include_directories(shardopt-bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../kernels ${CMAKE_CURRENT_LIST_DIR}/..)
 target_compile_options(shardopt-bench PRIVATE ${SHARDOPT_WARNINGS})

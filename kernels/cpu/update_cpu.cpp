@@ -1,4 +1,4 @@
-// kernels/cpu/update_cpu.cpp — vectorisable loops over the shared rules and conversions, split across OpenMP threads.
+// kernels/cpu/update_cpu.cpp — the SGD and Adam/AdamW update loops over the shared rules, for f32 and bf16/f16 parameters, split across OpenMP threads.
 //
 // The rules' flags, the element format and the rounding mode are loop-invariant; each is
 // lifted into a template parameter so that the inner loop the compiler vectorises has no
@@ -8,77 +8,20 @@
 #include "cpu/update_cpu.hpp"
 
 #include <algorithm>
-#include <string>
 #include <type_traits>
-#include <vector>
 
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
-#include "grad_stats.hpp"
+#include "cpu/loop_support.hpp"
 #include "precision.hpp"
-#include "shardopt/error.hpp"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace shardopt {
 namespace kernels {
 namespace {
 
-// Below this many elements a thread team costs more than it saves.
-constexpr int64_t kMinElementsPerThread = 1 << 15;
-// Thread ranges start on multiples of this many elements: 128 bytes of f32, 64 of bf16/f16,
-// so threads never write the same cache line.
-constexpr int64_t kThreadAlignment = 32;
-
-int team_size(int64_t n, int threads) {
-#ifdef _OPENMP
-  const int team = threads > 0 ? threads : omp_get_max_threads();
-  return static_cast<int>(std::min<int64_t>(team, std::max<int64_t>(1, n / kMinElementsPerThread)));
-#else
-  (void)n;
-  (void)threads;
-  return 1;
-#endif
-}
-
-template <typename Body>
-void parallel_ranges(int64_t n, int threads, const Body& body) {
-#ifdef _OPENMP
-  const int team = team_size(n, threads);
-  if (team > 1) {
-#pragma omp parallel num_threads(team)
-    {
-      const int t = omp_get_thread_num();
-      const int count = omp_get_num_threads();
-      const int64_t chunk =
-          ((n + count - 1) / count + kThreadAlignment - 1) / kThreadAlignment * kThreadAlignment;
-      const int64_t begin = std::min<int64_t>(n, t * chunk);
-      const int64_t end = std::min<int64_t>(n, begin + chunk);
-      if (begin < end) body(begin, end);
-    }
-    return;
-  }
-#else
-  (void)threads;
-#endif
-  body(int64_t{0}, n);
-}
-
-// Runtime flags to template parameters: f receives std::integral_constant values.
-template <typename F>
-void with_flag(bool flag, const F& f) {
-  if (flag) f(std::true_type{});
-  else f(std::false_type{});
-}
-
-template <typename T>
-T* offset_or_null(T* p, int64_t offset) {
-  return p ? p + offset : nullptr;  // no arithmetic on null (UBSan)
-}
+using namespace cpu_loops;
 
 // Calls body(begin, end, index_high, index_low) on the pieces of [begin, end) whose rounding
 // indices (first_index + i) share their high 32 bits, so that the loops only do 32-bit
@@ -93,35 +36,6 @@ void for_each_index_block(uint64_t first_index, int64_t begin, int64_t end, cons
     const int64_t e = left <= to_boundary ? end : b + static_cast<int64_t>(to_boundary);
     body(b, e, static_cast<uint32_t>(index >> 32), static_cast<uint32_t>(index));
     b = e;
-  }
-}
-
-// ---- argument checks (the loops themselves trust their pointers) ------------------------------------
-
-[[noreturn]] void invalid(const char* op, const std::string& what) {
-  throw Error(ErrorCode::invalid_argument, std::string(op) + ": " + what);
-}
-
-void check_dtype(DType dtype, const char* op) {
-  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
-    invalid(op, "unknown dtype " + std::to_string(static_cast<int>(dtype)));
-  }
-}
-
-void check_buffer(const void* p, const char* op, const char* name) {
-  if (p == nullptr) invalid(op, std::string("`") + name + "` is null");
-}
-
-// A master exists exactly when the parameter is 16-bit.
-void check_tensors(const UpdateTensors& t, const char* op) {
-  check_dtype(t.dtype, op);
-  check_buffer(t.param, op, "param");
-  check_buffer(t.grad, op, "grad");
-  if (t.dtype == DType::f32 && t.master != nullptr) {
-    invalid(op, "an f32 parameter is its own master, but `master` is not null");
-  }
-  if (t.dtype != DType::f32 && t.master == nullptr) {
-    invalid(op, std::string("a ") + dtype_name(t.dtype) + " parameter needs an fp32 master, but `master` is null");
   }
 }
 
@@ -380,67 +294,6 @@ void with_update_mode(DType dtype, bool stochastic, bool transform, const F& f) 
   });
 }
 
-// ---- conversions -----------------------------------------------------------------------------------
-
-template <typename F>
-void with_format(DType dtype, const F& f) {
-  switch (dtype) {
-    case DType::f32: f(F32Format{}); break;
-    case DType::bf16: f(Bf16Format{}); break;
-    case DType::f16: f(F16Format{}); break;
-    case DType::byte: break;  // raw bytes have no element format; check_dtype refused them
-  }
-}
-
-template <typename Format>
-void widen_loop(const typename Format::Storage* __restrict src, float* __restrict dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = Format::widen(src[i]);
-}
-
-template <typename Format>
-void narrow_loop(const float* __restrict src, typename Format::Storage* __restrict dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = Format::narrow(src[i]);
-}
-
-template <typename Format>
-void divide_loop(typename Format::Storage* __restrict x, int64_t n, float divisor) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = Format::narrow(Format::widen(x[i]) / divisor);
-}
-
-// ---- gradient statistics ------------------------------------------------------------------------------
-
-template <typename Format, bool kInfNorm>
-GradStats grad_stats_typed(const typename Format::Storage* x, int64_t n, float unscale, int threads) {
-  const StatsShape shape = stats_shape(n);
-  std::vector<double> chunk_values(static_cast<std::size_t>(shape.chunks));
-  uint32_t nonfinite = 0u;
-  const int team = team_size(n, threads);
-  (void)team;  // unused without OpenMP
-#pragma omp parallel for schedule(static) num_threads(team) reduction(| : nonfinite) if (team > 1)
-  for (int64_t c = 0; c < shape.chunks; ++c) {
-    const int64_t first = c * kStatsChunk;
-    const int64_t len = std::min<int64_t>(kStatsChunk, n - first);
-    chunk_values[static_cast<std::size_t>(c)] =
-        stats_chunk<Format, kInfNorm>(x + first, len, unscale, &nonfinite);
-  }
-  // The fixed order of kernels/grad_stats.hpp: chunk sums in order within each group, then
-  // the group sums in order.
-  double total = 0.0;
-  for (int64_t group = 0; group < shape.groups; ++group) {
-    const int64_t begin = group * shape.chunks_per_group;
-    const int64_t end = std::min(shape.chunks, begin + shape.chunks_per_group);
-    double sum = 0.0;
-    for (int64_t c = begin; c < end; ++c) {
-      sum = stats_combine<kInfNorm>(sum, chunk_values[static_cast<std::size_t>(c)]);
-    }
-    total = stats_combine<kInfNorm>(total, sum);
-  }
-  return GradStats{total, nonfinite != 0u};
-}
-
 }  // namespace
 
 void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
@@ -486,56 +339,6 @@ void adam_update_cpu(float* param, const float* grad, float* exp_avg, float* exp
                      float* max_exp_avg_sq, int64_t n, const AdamScalars& s, int threads) {
   const UpdateTensors t{param, grad, nullptr, DType::f32};
   adam_update_cpu(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, GradTransform{}, Rounding{}, threads);
-}
-
-GradStats grad_stats_cpu(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,
-                         int threads) {
-  if (n <= 0) return GradStats{};
-  check_dtype(dtype, "grad_stats_cpu");
-  check_buffer(grad, "grad_stats_cpu", "grad");
-  GradStats stats;
-  with_format(dtype, [&](auto format) {
-    using Format = decltype(format);
-    const auto* x = static_cast<const typename Format::Storage*>(grad);
-    stats = inf_norm ? grad_stats_typed<Format, true>(x, n, unscale, threads)
-                     : grad_stats_typed<Format, false>(x, n, unscale, threads);
-  });
-  return stats;
-}
-
-void widen_cpu(const void* src, DType dtype, float* dst, int64_t n, int threads) {
-  if (n <= 0) return;
-  check_dtype(dtype, "widen_cpu");
-  check_buffer(src, "widen_cpu", "src");
-  check_buffer(dst, "widen_cpu", "dst");
-  with_format(dtype, [&](auto format) {
-    using Format = decltype(format);
-    const auto* in = static_cast<const typename Format::Storage*>(src);
-    parallel_ranges(n, threads, [&](int64_t b, int64_t e) { widen_loop<Format>(in + b, dst + b, e - b); });
-  });
-}
-
-void narrow_cpu(const float* src, void* dst, DType dtype, int64_t n, int threads) {
-  if (n <= 0) return;
-  check_dtype(dtype, "narrow_cpu");
-  check_buffer(src, "narrow_cpu", "src");
-  check_buffer(dst, "narrow_cpu", "dst");
-  with_format(dtype, [&](auto format) {
-    using Format = decltype(format);
-    auto* out = static_cast<typename Format::Storage*>(dst);
-    parallel_ranges(n, threads, [&](int64_t b, int64_t e) { narrow_loop<Format>(src + b, out + b, e - b); });
-  });
-}
-
-void divide_cpu(void* x, DType dtype, int64_t n, float divisor, int threads) {
-  if (n <= 0) return;
-  check_dtype(dtype, "divide_cpu");
-  check_buffer(x, "divide_cpu", "x");
-  with_format(dtype, [&](auto format) {
-    using Format = decltype(format);
-    auto* data = static_cast<typename Format::Storage*>(x);
-    parallel_ranges(n, threads, [&](int64_t b, int64_t e) { divide_loop<Format>(data + b, e - b, divisor); });
-  });
 }
 
 }  // namespace kernels

@@ -8,43 +8,23 @@
 
 #include "cuda/launch_plan.hpp"
 #include "cuda/mixed_items.hpp"
-#include "cuda/update_items.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt {
 namespace kernels {
 
-constexpr int kUpdateThreads = 256;  // threads per block of the update kernels
-constexpr int kReduceThreads = 256;  // threads per block of the reductions
-// Partials the squared norm writes (one per block); fixed, so its summation order is too.
-constexpr int64_t kReduceMaxBlocks = 1024;
+constexpr int kUpdateThreads = 256;  // threads per block of the update and conversion kernels
+constexpr int kReduceThreads = 256;  // threads per block of the gradient statistics
 
-// Blocks of each kernel that are resident on one SM at once (the occupancy calculator), so the
-// grid can be sized to exactly one wave: with a grid-stride loop, a partial second wave would
-// leave most SMs idle while it runs. Each returns a cudaError_t as int.
-int sgd_update_blocks_per_sm(const SgdScalars& s, int* blocks);
-int adam_update_blocks_per_sm(const AdamScalars& s, int* blocks);
-int any_nonfinite_blocks_per_sm(int* blocks);
-int divide_blocks_per_sm(int* blocks);
+// ---- updates and conversions (mixed_kernels.cu), gradient statistics (stats_kernels.cu) ---------
+//
+// The *_blocks_per_sm queries give the blocks of a kernel that are resident on one SM at once
+// (the occupancy calculator), so the grid can be sized to exactly one wave: with a grid-stride
+// loop, a partial second wave would leave most SMs idle while it runs. Each returns a
+// cudaError_t as int.
 
-int launch_sgd_update(const SgdBuffers& buffers, const SgdScalars& s, const VectorPlan& plan,
-                      const GridShape& grid, void* stream);
-int launch_adam_update(const AdamBuffers& buffers, const AdamScalars& s, const VectorPlan& plan,
-                       const GridShape& grid, void* stream);
-
-// Block partials into `partials` (grid.blocks of them), then one block sums them into *out.
-// With grid.blocks == 0 (n == 0) only the second kernel runs: *out = 0 (or stays, accumulating).
-int launch_squared_norm(const float* x, const VectorPlan& plan, const GridShape& grid,
-                        float* partials, float* out, bool accumulate, void* stream);
-int launch_any_nonfinite(const float* x, const VectorPlan& plan, const GridShape& grid,
-                         int32_t* found, void* stream);
-int launch_divide(float* x, float divisor, const VectorPlan& plan, const GridShape& grid,
-                  void* stream);
-
-// ---- mixed precision (mixed_kernels.cu, stats_kernels.cu) ---------------------------------------
-
-// One mixed update launch: the dtype and rounding mode pick the kernel; unused state pointers
-// are null.
+// One update launch (any dtype: f32 runs F32Format): the dtype and rounding mode pick the
+// kernel; unused state pointers are null.
 struct MixedSgdArgs {
   MixedCommon common;
   DType dtype = DType::f32;
@@ -75,7 +55,7 @@ int launch_widen(const void* src, DType dtype, float* dst, const VectorPlan& pla
                  const GridShape& grid, void* stream);
 int launch_narrow(const float* src, void* dst, DType dtype, const VectorPlan& plan,
                   const GridShape& grid, void* stream);
-int launch_divide_typed(void* x, DType dtype, float divisor, const VectorPlan& plan,
+int launch_divide(void* x, DType dtype, float divisor, const VectorPlan& plan,
                   const GridShape& grid, void* stream);
 
 // Group partials (2 doubles per group of stats_shape(n): value, nonfinite flag) into

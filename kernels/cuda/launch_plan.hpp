@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "update_rules.hpp"  // SHARDOPT_HOST_DEVICE, defined once next to the rules
+#include "numerics/host_device.hpp"
 
 namespace shardopt {
 namespace kernels {

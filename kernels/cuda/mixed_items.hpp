@@ -1,65 +1,26 @@
-// kernels/cuda/mixed_items.hpp — the mixed-precision SGD/Adam work and the dtype conversions for one plan item (1 element or 4), host and device.
+// kernels/cuda/mixed_items.hpp — the SGD/Adam work and the dtype conversions for one plan item (1 element or 4), for f32 and bf16/f16 parameters, host and device.
 //
-// The counterpart of update_items.hpp for bf16/f16 parameters (fp32 master) and for f32 with a
-// gradient transform. Each lane goes through the same per-element steps as kernels/cpu
-// (mixed_update.hpp, precision.hpp), so the host emulation test checks the CUDA indexing and
-// vector/scalar split bitwise against the CPU loops without a GPU. Vector items use the plan
-// of launch_plan.hpp with per-stream element sizes: 16-byte accesses to float streams, 8-byte
-// accesses to 16-bit streams.
+// The CUDA kernels call these ops from their grid-stride loop; the host emulation tests call
+// the very same ops, so the CUDA indexing and vector/scalar split are checked bitwise against
+// kernels/cpu on a machine without a GPU. Each lane goes through the same per-element steps as
+// kernels/cpu (mixed_update.hpp, precision.hpp): a vector item applies the shared rule to its
+// four lanes one after the other, exactly as four scalar items would, and with --fmad=false on
+// the device (-ffp-contract=off on the host) every element rounds the same way on either path.
+// f32 parameters take the same ops (F32Format, no master; with an identity transform the
+// gradient is used as is). Vector items use the plan of launch_plan.hpp with per-stream
+// element sizes: 16-byte accesses to float streams, 8-byte accesses to 16-bit streams.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "cuda/launch_plan.hpp"
-#include "cuda/update_items.hpp"
+#include "cuda/vector_access.hpp"
 #include "mixed_update.hpp"
 #include "precision.hpp"
 #include "update_rules.hpp"
 
 namespace shardopt {
 namespace kernels {
-
-struct alignas(8) Half4 {
-  uint16_t lane[kVectorWidth];
-};
-
-// Four consecutive elements of a stream in one access; `p` is aligned to 4 elements (the plan
-// guarantees it for vector items).
-SHARDOPT_HOST_DEVICE Float4 load4(const float* p) { return load_float4(p); }
-SHARDOPT_HOST_DEVICE void store4(float* p, const Float4& v) { store_float4(p, v); }
-
-SHARDOPT_HOST_DEVICE Half4 load4(const uint16_t* p) {
-#if defined(__CUDA_ARCH__)
-  const uint2 w = *reinterpret_cast<const uint2*>(p);
-  return Half4{{static_cast<uint16_t>(w.x & 0xffffu), static_cast<uint16_t>(w.x >> 16),
-                static_cast<uint16_t>(w.y & 0xffffu), static_cast<uint16_t>(w.y >> 16)}};
-#else
-  Half4 v;
-  std::memcpy(v.lane, p, sizeof v.lane);
-  return v;
-#endif
-}
-
-SHARDOPT_HOST_DEVICE void store4(uint16_t* p, const Half4& v) {
-#if defined(__CUDA_ARCH__)
-  *reinterpret_cast<uint2*>(p) = make_uint2(static_cast<uint32_t>(v.lane[0]) | (static_cast<uint32_t>(v.lane[1]) << 16),
-                                            static_cast<uint32_t>(v.lane[2]) | (static_cast<uint32_t>(v.lane[3]) << 16));
-#else
-  std::memcpy(p, v.lane, sizeof v.lane);
-#endif
-}
-
-template <typename Storage>
-struct Vec4Of;
-template <>
-struct Vec4Of<float> {
-  using type = Float4;
-};
-template <>
-struct Vec4Of<uint16_t> {
-  using type = Half4;
-};
 
 // What every mixed update item needs besides its state streams.
 struct MixedCommon {

@@ -1,9 +1,12 @@
-// kernels/cuda/mixed_kernels.cu — bf16/f16 (fp32 master) and transformed-gradient SGD/Adam, and the dtype conversions: one grid-stride launch each.
+// kernels/cuda/mixed_kernels.cu — SGD/Adam for f32 and bf16/f16 (fp32 master) parameters, and the dtype conversions: one grid-stride launch each.
 //
-// Same launch scheme as update_kernels.cu (the plan of launch_plan.hpp with per-stream element
-// sizes, so 16-bit streams get 8-byte vector accesses), and built with --fmad=false for the
-// same reason: every lane must round exactly as the CPU loop (-ffp-contract=off) does. The
-// conversions are integer code from precision.hpp, identical on both sides.
+// Every op runs the plan of launch_plan.hpp with per-stream element sizes (16-byte accesses to
+// float streams, 8-byte accesses to 16-bit ones) through plan_kernel.cuh's one kernel. Built
+// with --fmad=false: nvcc would otherwise contract the rules' a*b + c into FMAs, which round
+// once instead of twice and would make the GPU disagree with the CPU loops (built with
+// -ffp-contract=off) in the last bit. sqrtf and '/' are IEEE-rounded by default
+// (-prec-sqrt/-prec-div), and denormals are kept (no -ftz), as on the CPU. The conversions are
+// integer code from numerics/half_float.hpp and precision.hpp, identical on both sides.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -126,7 +129,7 @@ int launch_narrow(const float* src, void* dst, DType dtype, const VectorPlan& pl
   });
 }
 
-int launch_divide_typed(void* x, DType dtype, float divisor, const VectorPlan& plan,
+int launch_divide(void* x, DType dtype, float divisor, const VectorPlan& plan,
                   const GridShape& grid, void* stream) {
   return with_format(dtype, [&](auto format) {
     using Format = decltype(format);

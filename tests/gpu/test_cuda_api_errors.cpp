@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "cuda/update_cuda.hpp"
+#include "gpu_test_support.hpp"
 #include "shardopt/error.hpp"
 
 namespace {
 
 using namespace shardopt::kernels;
+using shardopt::DType;
 using shardopt::Error;
 using shardopt::ErrorCode;
 
@@ -26,6 +28,8 @@ Error error_of(const Call& call) {
   return Error(ErrorCode::internal, "unreachable");
 }
 
+UpdateTensors f32_tensors(float* param, const float* grad) { return UpdateTensors{param, grad, nullptr, DType::f32}; }
+
 }  // namespace
 
 TEST_CASE("bad arguments raise invalid_argument before touching CUDA", "[cuda][api]") {
@@ -37,36 +41,38 @@ TEST_CASE("bad arguments raise invalid_argument before touching CUDA", "[cuda][a
   amsgrad.amsgrad = true;
   const SgdScalars momentum = make_sgd_scalars(0.1, 0.9, 0.0, 0.0, false, false, true);
 
-  Error e = error_of([&] { adam_update_cuda(p, p, p, p, nullptr, -1, adam, nullptr); });
+  Error e = error_of([&] { adam_update_cuda(f32_tensors(p, p), p, p, nullptr, -1, adam, {}, {}, nullptr); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
   REQUIRE_THAT(e.what(), Catch::Contains("negative element count -1"));
 
-  e = error_of([&] { adam_update_cuda(p, p, p, p, nullptr, 8, amsgrad, nullptr); });
+  e = error_of([&] { adam_update_cuda(f32_tensors(p, p), p, p, nullptr, 8, amsgrad, {}, {}, nullptr); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
   REQUIRE_THAT(e.what(), Catch::Contains("max_exp_avg_sq"));
 
-  e = error_of([&] { adam_update_cuda(p, nullptr, p, p, nullptr, 8, adam, nullptr); });
+  e = error_of([&] { adam_update_cuda(f32_tensors(p, nullptr), p, p, nullptr, 8, adam, {}, {}, nullptr); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
   REQUIRE_THAT(e.what(), Catch::Contains("`grad` is null"));
 
-  e = error_of([&] { sgd_update_cuda(p, p, nullptr, 8, momentum, nullptr); });
+  e = error_of([&] { sgd_update_cuda(f32_tensors(p, p), nullptr, 8, momentum, {}, {}, nullptr); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
   REQUIRE_THAT(e.what(), Catch::Contains("momentum_buf"));
 
-  e = error_of([&] { squared_norm_cuda(p, 8, nullptr, false, nullptr, nullptr); });
+  e = error_of([&] { grad_stats_cuda(p, DType::f32, 8, 1.f, false, nullptr, false, nullptr, nullptr); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
-  e = error_of([&] { any_nonfinite_cuda(p, -2, nullptr, nullptr); });
+  REQUIRE_THAT(e.what(), Catch::Contains("`out` is null"));
+  e = error_of([&] { divide_cuda(p, DType::f32, -2, 2.f, nullptr); });
   REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("negative element count -2"));
 
   // Empty ranges are no-ops that need no device at all (null pointers allowed).
-  REQUIRE_NOTHROW(adam_update_cuda(nullptr, nullptr, nullptr, nullptr, nullptr, 0, amsgrad, nullptr));
-  REQUIRE_NOTHROW(sgd_update_cuda(nullptr, nullptr, nullptr, 0, momentum, nullptr));
-  REQUIRE_NOTHROW(any_nonfinite_cuda(nullptr, 0, reinterpret_cast<int32_t*>(p), nullptr));
+  REQUIRE_NOTHROW(adam_update_cuda(f32_tensors(nullptr, nullptr), nullptr, nullptr, nullptr, 0, amsgrad, {}, {}, nullptr));
+  REQUIRE_NOTHROW(sgd_update_cuda(f32_tensors(nullptr, nullptr), nullptr, 0, momentum, {}, {}, nullptr));
+  REQUIRE_NOTHROW(divide_cuda(nullptr, DType::f32, 0, 2.f, nullptr));
 }
 
 TEST_CASE("without a device, launches raise Error(cuda) with CUDA's reason", "[cuda][api]") {
   std::string reason;
-  if (cuda_device_available(&reason)) {
+  if (shardopt_test::cuda_device_present(&reason)) {
     // Host pointers would fault on a real device; this case is about machines without one.
     SUCCEED("a CUDA device is present; the device-less error path is not exercised here");
     return;
@@ -75,7 +81,7 @@ TEST_CASE("without a device, launches raise Error(cuda) with CUDA's reason", "[c
   std::vector<float> host(16, 0.f);
   float* p = host.data();
   const AdamScalars adam = make_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, false, false, false, 1);
-  const Error e = error_of([&] { adam_update_cuda(p, p, p, p, nullptr, 16, adam, nullptr); });
+  const Error e = error_of([&] { adam_update_cuda(f32_tensors(p, p), p, p, nullptr, 16, adam, {}, {}, nullptr); });
   REQUIRE(e.code() == ErrorCode::cuda);
   REQUIRE_THAT(e.what(), Catch::Contains("adam_update_cuda"));
   REQUIRE_THAT(e.what(), Catch::Contains(reason));

@@ -1,15 +1,13 @@
-// tests/gpu/test_cuda_kernels.cpp — the CUDA update kernels against kernels/cpu (bitwise), and the CUB norm / inf-nan reductions.
+// tests/gpu/test_cuda_kernels.cpp — the f32 CUDA updates (no gradient transform, the optimizer's plain f32 step) against kernels/cpu, bitwise.
 //
 // Bitwise parity holds because the update kernels are built with --fmad=false and the CPU
 // path with -ffp-contract=off, and sqrtf and '/' are IEEE-rounded on both (see
-// kernels/cuda/update_kernels.cu); tests/gpu/test_cuda_launch_plan_host.cpp shows on the host
-// that the same comparison does fail once FMA contraction is allowed.
+// kernels/cuda/mixed_kernels.cu). tests/gpu/test_cuda_mixed_kernels.cpp covers bf16/f16 and
+// gradient transforms.
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <random>
 #include <vector>
 
@@ -20,6 +18,7 @@
 namespace {
 
 using namespace shardopt::kernels;
+using shardopt::DType;
 using shardopt_test::DeviceArray;
 using shardopt_test::TestStream;
 
@@ -29,6 +28,9 @@ std::vector<float> random_values(std::mt19937& gen, std::size_t n, float lo, flo
   for (float& v : values) v = dist(gen);
   return values;
 }
+
+// The f32 parameter and gradient as the optimizer passes them: no master.
+UpdateTensors f32_tensors(float* param, const float* grad) { return UpdateTensors{param, grad, nullptr, DType::f32}; }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -83,9 +85,9 @@ TEST_CASE("adam_update_cuda equals adam_update_cpu bitwise", "[gpu][adam]") {
           dg.upload(g, offsets[1]);
           const AdamScalars s = make_adam_scalars(1e-2, 0.9, 0.999, 1e-8, c.weight_decay,
                                                   c.decoupled, c.amsgrad, c.maximize, step);
-          adam_update_cuda(dp.data() + offsets[0], dg.data() + offsets[1], dm.data() + offsets[2],
+          adam_update_cuda(f32_tensors(dp.data() + offsets[0], dg.data() + offsets[1]), dm.data() + offsets[2],
                            dv.data() + offsets[3], c.amsgrad ? dvmax.data() + offsets[4] : nullptr,
-                           n, s, stream.opaque());
+                           n, s, GradTransform{}, Rounding{}, stream.opaque());
           adam_update_cpu(p.data(), g.data(), m.data(), v.data(), vmax.data(), n, s, 0);
           stream.sync();
           REQUIRE(same_bits(dp.download(offsets[0], count), p));
@@ -127,9 +129,9 @@ TEST_CASE("sgd_update_cuda equals sgd_update_cpu bitwise", "[gpu][sgd]") {
           dg.upload(g, offsets[1]);
           const SgdScalars s = make_sgd_scalars(0.1, c.momentum, c.dampening, c.weight_decay,
                                                 c.nesterov, c.maximize, step == 1);
-          sgd_update_cuda(dp.data() + offsets[0], dg.data() + offsets[1],
-                          s.use_momentum ? db.data() + offsets[2] : nullptr, n, s,
-                          stream.opaque());
+          sgd_update_cuda(f32_tensors(dp.data() + offsets[0], dg.data() + offsets[1]),
+                          s.use_momentum ? db.data() + offsets[2] : nullptr, n, s, GradTransform{},
+                          Rounding{}, stream.opaque());
           sgd_update_cpu(p.data(), g.data(), b.data(), n, s, 0);
           stream.sync();
           REQUIRE(same_bits(dp.download(offsets[0], count), p));
@@ -158,8 +160,8 @@ TEST_CASE("shards cut at odd boundaries, one launch each, equal one CPU update o
     const AdamScalars s = make_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, true, false, false, step);
     for (std::size_t r = 0; r + 1 < cut.size(); ++r) {
       const int64_t b = cut[r];
-      adam_update_cuda(dp.data() + b, dg.data() + b, dm.data() + b, dv.data() + b, nullptr,
-                       cut[r + 1] - b, s, stream.opaque());
+      adam_update_cuda(f32_tensors(dp.data() + b, dg.data() + b), dm.data() + b, dv.data() + b, nullptr,
+                       cut[r + 1] - b, s, GradTransform{}, Rounding{}, stream.opaque());
     }
     adam_update_cpu(p.data(), g.data(), m.data(), v.data(), nullptr, total, s, 0);
     stream.sync();
@@ -167,99 +169,4 @@ TEST_CASE("shards cut at odd boundaries, one launch each, equal one CPU update o
     REQUIRE(same_bits(dm.download(0, count), m));
     REQUIRE(same_bits(dv.download(0, count), v));
   }
-}
-
-TEST_CASE("squared_norm_cuda: value, reproducibility, accumulation, workspace", "[gpu][norm]") {
-  TestStream stream;
-  std::mt19937 gen(11);
-  DeviceArray<float> out(2);
-  DeviceArray<unsigned char> workspace(reduction_workspace_bytes());
-  for (int64_t n : kSizes) {
-    for (int offset = 0; offset < 4; ++offset) {
-      CAPTURE(n, offset);
-      const std::size_t count = static_cast<std::size_t>(n);
-      const std::vector<float> x = random_values(gen, count, -3.f, 3.f);
-      DeviceArray<float> dx(count + 4);
-      dx.upload(x, static_cast<std::size_t>(offset));
-      double reference = 0.0;
-      for (float value : x) reference += static_cast<double>(value) * value;
-
-      squared_norm_cuda(dx.data() + offset, n, out.data(), false, nullptr, stream.opaque());
-      stream.sync();
-      const float first = out.download(0, 1)[0];
-      REQUIRE(std::fabs(first - reference) <= 1e-5 * reference + 1e-30);
-
-      // Same input, caller's workspace: the same bits (fixed grid, fixed tree, no atomics).
-      squared_norm_cuda(dx.data() + offset, n, out.data(), false, workspace.data(),
-                        stream.opaque());
-      stream.sync();
-      const float second = out.download(0, 1)[0];
-      REQUIRE(std::memcmp(&first, &second, sizeof first) == 0);
-
-      // Accumulating adds onto what is there.
-      out.upload({2.0f});
-      squared_norm_cuda(dx.data() + offset, n, out.data(), true, nullptr, stream.opaque());
-      stream.sync();
-      const float accumulated = out.download(0, 1)[0];
-      const float expected = 2.0f + first;
-      REQUIRE(std::memcmp(&accumulated, &expected, sizeof expected) == 0);
-    }
-  }
-}
-
-TEST_CASE("any_nonfinite_cuda finds inf and NaN in head, body and tail, and never clears the flag", "[gpu][nonfinite]") {
-  TestStream stream;
-  DeviceArray<int32_t> found(1);
-  for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{33}, int64_t{4097}, int64_t{(1 << 20) + 5}}) {
-    for (int offset = 0; offset < 4; ++offset) {
-      const std::size_t count = static_cast<std::size_t>(n);
-      std::vector<float> x(count, 1.5f);
-      DeviceArray<float> dx(count + 4);
-      dx.upload(x, static_cast<std::size_t>(offset));
-      found.upload({0});
-      any_nonfinite_cuda(dx.data() + offset, n, found.data(), stream.opaque());
-      stream.sync();
-      CAPTURE(n, offset);
-      REQUIRE(found.download(0, 1)[0] == 0);
-
-      const float bad[] = {std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::infinity(),
-                           std::numeric_limits<float>::quiet_NaN()};
-      const std::size_t places[] = {0, count / 2, count - 1};
-      for (float value : bad) {
-        for (std::size_t at : places) {
-          CAPTURE(value, at);
-          dx.upload({value}, static_cast<std::size_t>(offset) + at);
-          found.upload({0});
-          any_nonfinite_cuda(dx.data() + offset, n, found.data(), stream.opaque());
-          stream.sync();
-          REQUIRE(found.download(0, 1)[0] == 1);
-          // A clean buffer afterwards leaves the flag set.
-          dx.upload({1.5f}, static_cast<std::size_t>(offset) + at);
-          any_nonfinite_cuda(dx.data() + offset, n, found.data(), stream.opaque());
-          stream.sync();
-          REQUIRE(found.download(0, 1)[0] == 1);
-        }
-      }
-    }
-  }
-}
-
-TEST_CASE("adam_launch_info describes one launch of at most one wave", "[gpu][launch]") {
-  DeviceArray<float> a(1 << 20), b(1 << 20), c(1 << 20), d(1 << 20);
-  const AdamScalars s = make_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, false, false, false, 1);
-  const CudaLaunchInfo aligned =
-      adam_launch_info(a.data(), b.data(), c.data(), d.data(), nullptr, 1 << 20, s);
-  REQUIRE(aligned.vector_items == (1 << 18));
-  REQUIRE(aligned.items == (1 << 18));
-  REQUIRE(aligned.threads == 256);
-  int device = 0, sms = 0;
-  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
-  REQUIRE(aligned.blocks >= sms);
-  REQUIRE(aligned.blocks <= int64_t{sms} * (2048 / 256));
-  const CudaLaunchInfo skewed =
-      adam_launch_info(a.data() + 1, b.data(), c.data(), d.data(), nullptr, 1000, s);
-  REQUIRE(skewed.vector_items == 0);
-  REQUIRE(skewed.items == 1000);
 }

@@ -1,10 +1,12 @@
 // tests/gpu/test_cuda_launch_plan_host.cpp — the CUDA launch plan and item ops run on the host: coverage and bitwise parity with kernels/cpu.
 //
-// No GPU needed: the kernels index through kernels/cuda/launch_plan.hpp and apply
-// kernels/cuda/update_items.hpp, both plain C++. Here every thread of a grid is emulated in
+// No GPU needed: the kernels index through kernels/cuda/launch_plan.hpp and apply the item ops
+// of kernels/cuda/mixed_items.hpp, both plain C++. Here every thread of a grid is emulated in
 // turn, running the same grid-stride loop, which checks that each element is visited exactly
-// once, that vector items are 16-byte aligned for every stream, and that the result equals
-// adam_update_cpu / sgd_update_cpu bit for bit whatever the alignment, shard boundaries or grid.
+// once, that vector items are 16-byte aligned for every stream, and that the f32 update (the
+// item ops with F32Format and no gradient transform, as sgd_update_cuda / adam_update_cuda run
+// it) equals adam_update_cpu / sgd_update_cpu bit for bit whatever the alignment, shard
+// boundaries or grid. tests/unit/test_mixed_items_host.cpp covers bf16/f16 and transforms.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
@@ -16,7 +18,7 @@
 
 #include "cpu/update_cpu.hpp"
 #include "cuda/launch_plan.hpp"
-#include "cuda/update_items.hpp"
+#include "cuda/mixed_items.hpp"
 
 namespace {
 
@@ -269,6 +271,24 @@ void fill(float* dst, const std::vector<float>& values) {
   if (!values.empty()) std::memcpy(dst, values.data(), values.size() * sizeof(float));
 }
 
+// An f32 update as the kernels launch it: the parameter is its own master, no transform.
+using F32Lanes = MixedLanes<F32Format, false>;
+F32Lanes f32_lanes(float* param, const float* grad) {
+  MixedCommon c;
+  c.param = param;
+  c.grad = grad;
+  return F32Lanes{c};
+}
+
+// The plan sgd_update_cuda / adam_update_cuda make: param, grad and the state streams in use
+// (null ones are left out).
+VectorPlan f32_update_plan(const F32Lanes& lanes, int64_t n, const float* const* states, int count) {
+  std::uintptr_t addresses[kMaxMixedStreams];
+  int sizes[kMaxMixedStreams];
+  const int streams = mixed_plan_streams(lanes.c, shardopt::DType::f32, states, count, addresses, sizes);
+  return make_vector_plan(n, addresses, sizes, streams);
+}
+
 }  // namespace
 
 TEST_CASE("Adam/AdamW through the launch plan equals adam_update_cpu bitwise", "[cuda][plan][adam]") {
@@ -310,16 +330,21 @@ TEST_CASE("Adam/AdamW through the launch plan equals adam_update_cpu bitwise", "
           adam_update_cpu(cpu.param(), cpu.grad(), cpu.exp_avg(), cpu.exp_avg_sq(),
                           cpu.max_exp_avg_sq(), n, s, 1);
 
-          AdamBuffers buffers{gpu.param(), gpu.grad(), gpu.exp_avg(), gpu.exp_avg_sq(),
-                              c.amsgrad ? gpu.max_exp_avg_sq() : nullptr};
-          std::uintptr_t addresses[kMaxPlanStreams];
-          const int streams = plan_addresses(buffers, c.amsgrad, addresses);
-          const VectorPlan plan = make_vector_plan(n, addresses, streams);
+          const F32Lanes lanes = f32_lanes(gpu.param(), gpu.grad());
+          float* vmax = c.amsgrad ? gpu.max_exp_avg_sq() : nullptr;
+          const float* states[] = {gpu.exp_avg(), gpu.exp_avg_sq(), vmax};
+          const VectorPlan plan = f32_update_plan(lanes, n, states, 3);
           const GridShape grid = make_grid_shape(plan.items(), g.threads, g.max_blocks);
           if (c.amsgrad) {
-            emulate_launch(plan, grid, AdamItemOp<true>{buffers, AdamRule{s}}, step == 2);
+            emulate_launch(plan, grid,
+                           MixedAdamItemOp<F32Format, false, true>{lanes, gpu.exp_avg(), gpu.exp_avg_sq(), vmax,
+                                                                   AdamRule{s}},
+                           step == 2);
           } else {
-            emulate_launch(plan, grid, AdamItemOp<false>{buffers, AdamRule{s}}, step == 2);
+            emulate_launch(plan, grid,
+                           MixedAdamItemOp<F32Format, false, false>{lanes, gpu.exp_avg(), gpu.exp_avg_sq(), vmax,
+                                                                    AdamRule{s}},
+                           step == 2);
           }
           CAPTURE(step, plan.head, plan.vectors);
           REQUIRE(same_bits(gpu.param(), cpu.param(), n));
@@ -374,15 +399,15 @@ TEST_CASE("SGD through the launch plan equals sgd_update_cpu bitwise", "[cuda][p
             const SgdScalars s = make_sgd_scalars(0.1, c.momentum, c.dampening, c.weight_decay,
                                                   c.nesterov, c.maximize, step == 1);
             sgd_update_cpu(cp.at(0), cg.at(0), cb.at(0), n, s, 1);
-            const SgdBuffers buffers{p, gr, s.use_momentum ? b : nullptr};
-            std::uintptr_t addresses[kMaxPlanStreams];
-            const int streams = plan_addresses(buffers, s.use_momentum, addresses);
-            const VectorPlan plan = make_vector_plan(n, addresses, streams);
+            const F32Lanes lanes = f32_lanes(p, gr);
+            float* buf = s.use_momentum ? b : nullptr;
+            const float* states[] = {buf};
+            const VectorPlan plan = f32_update_plan(lanes, n, states, 1);
             const GridShape grid = make_grid_shape(plan.items(), g.threads, g.max_blocks);
             if (s.use_momentum) {
-              emulate_launch(plan, grid, SgdItemOp<true>{buffers, SgdRule{s}});
+              emulate_launch(plan, grid, MixedSgdItemOp<F32Format, false, true>{lanes, buf, SgdRule{s}});
             } else {
-              emulate_launch(plan, grid, SgdItemOp<false>{buffers, SgdRule{s}});
+              emulate_launch(plan, grid, MixedSgdItemOp<F32Format, false, false>{lanes, buf, SgdRule{s}});
             }
             CAPTURE(step);
             REQUIRE(same_bits(p, cp.at(0), n));
@@ -435,17 +460,17 @@ TEST_CASE("shards at odd boundaries, each its own launch, equal one CPU update o
         for (std::size_t r = 0; r + 1 < cut.size(); ++r) {
           const int64_t begin = cut[r];
           const int64_t n = cut[r + 1] - begin;
-          AdamBuffers buffers{sharded.param() + begin, sharded.grad() + begin,
-                              sharded.exp_avg() + begin, sharded.exp_avg_sq() + begin,
-                              amsgrad ? sharded.max_exp_avg_sq() + begin : nullptr};
-          std::uintptr_t addresses[kMaxPlanStreams];
-          const int streams = plan_addresses(buffers, amsgrad, addresses);
-          const VectorPlan plan = make_vector_plan(n, addresses, streams);
+          const F32Lanes lanes = f32_lanes(sharded.param() + begin, sharded.grad() + begin);
+          float* m = sharded.exp_avg() + begin;
+          float* v = sharded.exp_avg_sq() + begin;
+          float* vmax = amsgrad ? sharded.max_exp_avg_sq() + begin : nullptr;
+          const float* states[] = {m, v, vmax};
+          const VectorPlan plan = f32_update_plan(lanes, n, states, 3);
           const GridShape grid = make_grid_shape(plan.items(), 32, 2);
           if (amsgrad) {
-            emulate_launch(plan, grid, AdamItemOp<true>{buffers, AdamRule{s}});
+            emulate_launch(plan, grid, MixedAdamItemOp<F32Format, false, true>{lanes, m, v, vmax, AdamRule{s}});
           } else {
-            emulate_launch(plan, grid, AdamItemOp<false>{buffers, AdamRule{s}});
+            emulate_launch(plan, grid, MixedAdamItemOp<F32Format, false, false>{lanes, m, v, vmax, AdamRule{s}});
           }
         }
         REQUIRE(same_bits(sharded.param(), whole.param(), total));

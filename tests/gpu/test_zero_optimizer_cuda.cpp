@@ -344,7 +344,7 @@ TEST_CASE("divide_cuda rounds as the host division", "[gpu][kernels]") {
       DeviceArray<float> x(static_cast<std::size_t>(n + offset));
       x.upload(values, static_cast<std::size_t>(offset));
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      kernels::divide_cuda(x.data() + offset, n, 3.f, stream.opaque());
+      kernels::divide_cuda(x.data() + offset, DType::f32, n, 3.f, stream.opaque());
       stream.sync();
       for (float& v : values) v = v / 3.f;
       REQUIRE(bitwise_equal(x.download(static_cast<std::size_t>(offset), static_cast<std::size_t>(n)), values));

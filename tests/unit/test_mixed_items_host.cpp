@@ -1,4 +1,4 @@
-// tests/unit/test_mixed_items_host.cpp — the CUDA mixed-precision item ops and mixed-size launch plans run on the host, bitwise against kernels/cpu.
+// tests/unit/test_mixed_items_host.cpp — the CUDA update and conversion item ops (f32, bf16, f16) and mixed-size launch plans run on the host, bitwise against kernels/cpu.
 //
 // No GPU needed: kernels/cuda/mixed_items.hpp and launch_plan.hpp are plain C++ that the CUDA
 // kernels run per thread. Every thread of a grid is emulated in turn here, which checks that
@@ -130,8 +130,9 @@ TEST_CASE("mixed Adam/SGD item ops through the launch plan equal the CPU loops b
               CAPTURE(shardopt::dtype_name(dtype), stochastic, rule, n, off[0], off[1], off[2], g.threads, g.max_blocks);
               const std::size_t count = static_cast<std::size_t>(n);
               const bool f32 = dtype == DType::f32;
-              // A transform for f32 (the case the mixed kernels take); none or one for 16-bit.
-              const GradTransform gt = (f32 || rule % 2 == 1) ? GradTransform{0.5f, 0.75f} : GradTransform{};
+              // With and without a gradient transform, for every dtype (f32 without one is the
+              // plain f32 update, which the CUDA kernels also run through these ops).
+              const GradTransform gt = rule % 2 == 1 ? GradTransform{0.5f, 0.75f} : GradTransform{};
               const Rounding r{stochastic, 31, 8, 4096};
               const std::vector<float> master0 = random_floats(gen, count, -1, 1);
               const std::vector<float> grad32 = random_floats(gen, count, -1, 1);
@@ -263,6 +264,30 @@ TEST_CASE("widen/narrow/divide item ops through the launch plan equal the CPU lo
           else run(F16Format{});
         }
       }
+    }
+  }
+}
+
+TEST_CASE("the f32 divide item op (divide_cuda's f32 path) equals divide_cpu bitwise", "[cuda][plan][mixed]") {
+  std::mt19937 gen(13);
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1037}}) {
+    for (int offset : {0, 1, 3}) {
+      CAPTURE(n, offset);
+      const std::size_t count = static_cast<std::size_t>(n);
+      const std::vector<float> x = random_floats(gen, count, -300, 300);
+      Aligned<float> device(count, offset);
+      device.set(x);
+      const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(device.data());
+      const int size = 4;
+      const VectorPlan plan = make_vector_plan(n, &address, &size, 1);
+      if (n >= 8) REQUIRE(plan.vectors > 0);
+      emulate_launch(plan, make_grid_shape(plan.items(), 32, 3), DivideItemOp<F32Format>{device.data(), 3.f});
+      std::vector<float> expected = x;
+      divide_cpu(expected.data(), DType::f32, n, 3.f, 1);
+      REQUIRE(same_bits(device.values(), expected));
+      // And that is the IEEE quotient, element by element.
+      for (std::size_t i = 0; i < count; ++i) REQUIRE(expected[i] == x[i] / 3.f);
+      REQUIRE_FALSE(same_bits(device.values(), x));
     }
   }
 }

@@ -2,7 +2,7 @@
 //
 // MPI has no 16-bit float types, so bf16 and f16 buffers travel as MPI_UINT16_T and these
 // functions give the words their meaning: widen both operands to float, combine in float, and
-// narrow back with round-to-nearest-even (kernels/precision.hpp).
+// narrow back with round-to-nearest-even (numerics/half_float.hpp, the conversions the kernels use).
 //
 // One float addition of two bf16 or f16 values followed by the rounding to the dtype gives the
 // correctly rounded sum of the two: a float has at least 2p+2 significand bits for p = 8 (bf16)
@@ -11,19 +11,19 @@
 
 #include <cstdint>
 
-#include "precision.hpp"
+#include "numerics/half_float.hpp"
 
 namespace shardopt {
 namespace comm {
 
 struct Bf16Words {
-  static float widen(uint16_t h) { return kernels::bf16_to_float(h); }
-  static uint16_t narrow(float f) { return kernels::float_to_bf16(f); }
+  static float widen(uint16_t h) { return numerics::bf16_to_float(h); }
+  static uint16_t narrow(float f) { return numerics::float_to_bf16(f); }
 };
 
 struct F16Words {
-  static float widen(uint16_t h) { return kernels::f16_to_float(h); }
-  static uint16_t narrow(float f) { return kernels::float_to_f16(f); }
+  static float widen(uint16_t h) { return numerics::f16_to_float(h); }
+  static uint16_t narrow(float f) { return numerics::float_to_f16(f); }
 };
 
 // The sum of a and b, rounded to the dtype.

@@ -1,0 +1,97 @@
+// kernels/cpu/loop_support.hpp — internal to kernels/cpu: thread ranges, runtime flags as template parameters, and the argument checks the CPU loop files share.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernel_check.hpp"
+#include "mixed_update.hpp"
+#include "shardopt/types.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace shardopt {
+namespace kernels {
+namespace cpu_loops {
+
+// Below this many elements a thread team costs more than it saves.
+constexpr int64_t kMinElementsPerThread = 1 << 15;
+// Thread ranges start on multiples of this many elements: 128 bytes of f32, 64 of bf16/f16,
+// so threads never write the same cache line.
+constexpr int64_t kThreadAlignment = 32;
+
+inline int team_size(int64_t n, int threads) {
+#ifdef _OPENMP
+  const int team = threads > 0 ? threads : omp_get_max_threads();
+  return static_cast<int>(std::min<int64_t>(team, std::max<int64_t>(1, n / kMinElementsPerThread)));
+#else
+  (void)n;
+  (void)threads;
+  return 1;
+#endif
+}
+
+template <typename Body>
+void parallel_ranges(int64_t n, int threads, const Body& body) {
+#ifdef _OPENMP
+  const int team = team_size(n, threads);
+  if (team > 1) {
+#pragma omp parallel num_threads(team)
+    {
+      const int t = omp_get_thread_num();
+      const int count = omp_get_num_threads();
+      const int64_t chunk =
+          ((n + count - 1) / count + kThreadAlignment - 1) / kThreadAlignment * kThreadAlignment;
+      const int64_t begin = std::min<int64_t>(n, t * chunk);
+      const int64_t end = std::min<int64_t>(n, begin + chunk);
+      if (begin < end) body(begin, end);
+    }
+    return;
+  }
+#else
+  (void)threads;
+#endif
+  body(int64_t{0}, n);
+}
+
+// Runtime flags to template parameters: f receives std::integral_constant values.
+template <typename F>
+void with_flag(bool flag, const F& f) {
+  if (flag) f(std::true_type{});
+  else f(std::false_type{});
+}
+
+template <typename T>
+T* offset_or_null(T* p, int64_t offset) {
+  return p ? p + offset : nullptr;  // no arithmetic on null (UBSan)
+}
+
+// ---- argument checks (the loops themselves trust their pointers) ------------------------------------
+
+inline void check_dtype(DType dtype, const char* op) {
+  SHARDOPT_KERNEL_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+                        invalid_argument, "{}: unknown dtype {}", op, static_cast<int>(dtype));
+}
+
+inline void check_buffer(const void* p, const char* op, const char* name) {
+  SHARDOPT_KERNEL_CHECK(p != nullptr, invalid_argument, "{}: `{}` is null", op, name);
+}
+
+// A master exists exactly when the parameter is 16-bit.
+inline void check_tensors(const UpdateTensors& t, const char* op) {
+  check_dtype(t.dtype, op);
+  check_buffer(t.param, op, "param");
+  check_buffer(t.grad, op, "grad");
+  SHARDOPT_KERNEL_CHECK(t.dtype != DType::f32 || t.master == nullptr, invalid_argument,
+                        "{}: an f32 parameter is its own master, but `master` is not null", op);
+  SHARDOPT_KERNEL_CHECK(t.dtype == DType::f32 || t.master != nullptr, invalid_argument,
+                        "{}: a {} parameter needs an fp32 master, but `master` is null", op,
+                        dtype_name(t.dtype));
+}
+
+}  // namespace cpu_loops
+}  // namespace kernels
+}  // namespace shardopt
