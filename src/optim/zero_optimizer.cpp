@@ -52,6 +52,16 @@ void add_step_fields(ZeroOptimizer::Impl& im, AgreementRecord& record) {
   record.field("layout version", fmt::format("{}", im.shard.layout_version()));
 }
 
+// The record a checkpoint call starts with: host state, no open stage-2 round.
+AgreementRecord checkpoint_call(ZeroOptimizer::Impl& im, const char* operation) {
+  AgreementRecord record(operation);
+  record.validate([&] {
+    checkpoint::require_host_state(im.dev, operation);
+    im.reducer.check_no_open_round(operation);
+  });
+  return record;
+}
+
 // Collective: checks `specs` locally, agrees with the other ranks, then appends and re-lays out.
 void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>& specs, AgreementRecord& record) {
   optim::Registration added;
@@ -262,23 +272,13 @@ MemoryReport ZeroOptimizer::memory_report() const {
 
 void ZeroOptimizer::save(const std::string& dir) {
   Impl& im = *impl_;
-  AgreementRecord record("save");
-  record.validate([&] {
-    checkpoint::require_host_state(im.dev, "save");
-    im.reducer.check_no_open_round("save");
-  });
-  agree(im, record);
+  agree(im, checkpoint_call(im, "save"));
   checkpoint::save_checkpoint(parts_of(im), dir);
 }
 
 void ZeroOptimizer::load(const std::string& dir) {
   Impl& im = *impl_;
-  AgreementRecord record("load");
-  record.validate([&] {
-    checkpoint::require_host_state(im.dev, "load");
-    im.reducer.check_no_open_round("load");
-  });
-  agree(im, record);
+  agree(im, checkpoint_call(im, "load"));
   checkpoint::load_checkpoint(parts_of(im), dir);
   im.reducer.reset();
   im.sync.sync();
@@ -311,12 +311,8 @@ StateDict ZeroOptimizer::state_dict() const {
 
 void ZeroOptimizer::load_state_dict(const StateDict& state) {
   Impl& im = *impl_;
-  AgreementRecord record("load_state_dict");
-  record.validate([&] {
-    checkpoint::require_host_state(im.dev, "load_state_dict");
-    im.reducer.check_no_open_round("load_state_dict");
-    checkpoint::check_state_dict(parts_of(im), state);
-  });
+  AgreementRecord record = checkpoint_call(im, "load_state_dict");
+  record.validate([&] { checkpoint::check_state_dict(parts_of(im), state); });
   record.field("state dict algorithm", algorithm_name(state.algorithm));
   record.field("state dict parameters", fmt::format("{}", state.param_names.size()));
   record.field("state dict entries", fmt::format("{}", state.state.size()));

@@ -13,6 +13,7 @@
 #include "shardopt/checkpoint.hpp"
 
 using namespace shardopt;
+using shardopt_test::all_params;
 using shardopt_test::bitwise_equal;
 using shardopt_test::seeded_values;
 using shardopt_test::world;
@@ -66,15 +67,6 @@ void train(ZeroOptimizer& opt, int from, int to) {
     if (s == 2) opt.hyperparams(0).lr *= 0.1;
     opt.step();
   }
-}
-
-std::vector<float> all_params(const ZeroOptimizer& opt) {
-  std::vector<float> out;
-  for (ParamId id = 0; id < opt.num_params(); ++id) {
-    TensorRef v = opt.param_view(id);
-    out.insert(out.end(), v.as<float>(), v.as<float>() + v.numel);
-  }
-  return out;
 }
 
 std::vector<int64_t> all_steps(const ZeroOptimizer& opt) {

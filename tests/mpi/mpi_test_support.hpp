@@ -47,6 +47,25 @@ inline shardopt::Hyperparams busy_hyperparams(shardopt::Algorithm algorithm) {
   return h;
 }
 
+// Every parameter's values (f32 parameters), in id order.
+inline std::vector<float> all_params(const shardopt::ZeroOptimizer& opt) {
+  std::vector<float> out;
+  for (shardopt::ParamId id = 0; id < opt.num_params(); ++id) {
+    const shardopt::TensorRef v = opt.param_view(id);
+    out.insert(out.end(), v.as<float>(), v.as<float>() + v.numel);
+  }
+  return out;
+}
+
+// Writes seeded_values(seed + id) into every f32 gradient view: the same on every rank.
+inline void write_seeded_grads(shardopt::ZeroOptimizer& opt, uint32_t seed) {
+  for (shardopt::ParamId id = 0; id < opt.num_params(); ++id) {
+    const shardopt::TensorRef g = opt.grad_view(id);
+    const std::vector<float> values = seeded_values(seed + static_cast<uint32_t>(id), g.numel);
+    if (g.numel > 0) std::memcpy(g.data, values.data(), g.nbytes());
+  }
+}
+
 // Runs `call` and returns the shardopt::Error it threw (code and message); fails the test if none.
 template <typename Call>
 std::pair<shardopt::ErrorCode, std::string> error_of(Call&& call) {

@@ -24,6 +24,7 @@
 #include "shardopt/checkpoint.hpp"
 
 using namespace shardopt;
+using shardopt_test::all_params;
 using shardopt_test::bitwise_equal;
 using shardopt_test::seeded_values;
 
@@ -123,20 +124,7 @@ const std::vector<std::pair<std::string, int64_t>> kSmall = {{"embed", 24}, {"fc
 
 // The same gradients on every rank, so no reduction is needed for the ranks to agree.
 void write_grads(ZeroOptimizer& opt, int step) {
-  for (ParamId id = 0; id < opt.num_params(); ++id) {
-    TensorRef g = opt.grad_view(id);
-    const auto values = seeded_values(500u + static_cast<uint32_t>(step * 31 + id), g.numel);
-    if (g.numel > 0) std::memcpy(g.data, values.data(), g.nbytes());
-  }
-}
-
-std::vector<float> all_params(const ZeroOptimizer& opt) {
-  std::vector<float> out;
-  for (ParamId id = 0; id < opt.num_params(); ++id) {
-    TensorRef v = opt.param_view(id);
-    out.insert(out.end(), v.as<float>(), v.as<float>() + v.numel);
-  }
-  return out;
+  shardopt_test::write_seeded_grads(opt, 500u + static_cast<uint32_t>(step * 31));
 }
 
 // A state dict with no per-parameter state: what consolidate_state_dict gives before any step.

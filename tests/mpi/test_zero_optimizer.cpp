@@ -8,6 +8,7 @@
 #include "mpi_test_support.hpp"
 
 using namespace shardopt;
+using shardopt_test::all_params;
 using shardopt_test::bitwise_equal;
 using shardopt_test::seeded_values;
 using shardopt_test::world;
@@ -48,15 +49,6 @@ void write_grad(ZeroOptimizer& opt, ParamId id, int step) {
   TensorRef g = opt.grad_view(id);
   const auto values = seeded_values(1000u + static_cast<uint32_t>(step * 97 + id), g.numel);
   if (g.numel > 0) std::memcpy(g.data, values.data(), g.nbytes());
-}
-
-std::vector<float> all_params(const ZeroOptimizer& opt) {
-  std::vector<float> out;
-  for (ParamId id = 0; id < opt.num_params(); ++id) {
-    TensorRef v = opt.param_view(id);
-    out.insert(out.end(), v.as<float>(), v.as<float>() + v.numel);
-  }
-  return out;
 }
 
 const std::vector<int64_t> kSizes = {13, 1, 0, 64, 7, 100, 3, 31};
