@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "checkpoint/optimizer_parts.hpp"
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "optim/hyperparams.hpp"
 
@@ -82,7 +83,8 @@ std::optional<StateDict> gather_state_dict(const OptimizerParts& parts, int to) 
       if (r == dev.rank() && mine.numel() == from.numel) {
         std::memcpy(buffer.data(), mine.data(), static_cast<std::size_t>(buffer.bytes()));
       }
-      dev.comm().broadcast(buffer.data(), from.numel, DType::f32, r);
+      comm::broadcast_in_chunks(dev.comm(), buffer.data(), from.numel, DType::f32, r,
+                                optim::bucket_elements(parts.config, DType::f32));
       if (target) scatter(from, k, buffer.data());
     }
   }

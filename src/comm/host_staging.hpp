@@ -1,7 +1,7 @@
-// src/comm/host_staging.hpp — a host-memory view of a device-memory communicator, for small host-side collectives (fingerprints, hyperparameter agreement).
+// src/comm/host_staging.hpp — a host-memory view of a device-memory communicator, for small host-side collectives (the agreement records).
 //
-// A NCCL communicator takes device buffers only, but the registration fingerprint and the
-// per-step hyperparameter agreement are host data (a few bytes). This adapter stages them
+// A NCCL communicator takes device buffers only, but the agreement records every collective
+// call starts with (comm/agreement.hpp) are host data (about a kilobyte). This adapter stages them
 // through a device scratch buffer: host -> device copy, the collective, device -> host copy,
 // all on the communicator's stream, then waits for that stream (these results are needed on
 // the host right away). It never touches the optimizer's own buffers.

@@ -34,5 +34,14 @@ inline void broadcast_bytes(Communicator& comm, void* data, int64_t bytes, int r
   comm.broadcast(data, bytes, DType::byte, root);
 }
 
+// `count` elements at `data` as `root` has them, on every rank, in broadcasts of at most
+// `chunk` elements each (one collective per chunk, so none exceeds a size limit).
+inline void broadcast_in_chunks(Communicator& comm, void* data, int64_t count, DType dtype, int root, int64_t chunk) {
+  for (int64_t begin = 0; begin < count; begin += chunk) {
+    const int64_t n = count - begin < chunk ? count - begin : chunk;
+    comm.broadcast(static_cast<char*>(data) + begin * static_cast<int64_t>(dtype_size(dtype)), n, dtype, root);
+  }
+}
+
 }  // namespace comm
 }  // namespace shardopt

@@ -2,6 +2,7 @@
 #include "optim/param_sync.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -54,8 +55,10 @@ void ParamSync::sync() {
 
 void ParamSync::update_and_sync(const std::function<void(int64_t, int64_t)>& update) {
   const DType dt = shard_.dtype();
-  const int64_t chunk =
-      config_.pipeline_chunk_bytes / static_cast<int64_t>(dtype_size(dt)) / kShardAlignment * kShardAlignment;
+  // Whole cache lines per chunk, and never more than one collective may carry.
+  const int64_t chunk = std::min<int64_t>(
+      int64_t{INT32_MAX} / kShardAlignment * kShardAlignment,
+      config_.pipeline_chunk_bytes / static_cast<int64_t>(dtype_size(dt)) / kShardAlignment * kShardAlignment);
   if (chunk <= 0 || !shard_.sharded() || !shard_.bucket_view()) {
     update(0, shard_.own_shard().numel);
     sync();

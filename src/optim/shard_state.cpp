@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
 #include "optim/device_update.hpp"
@@ -58,7 +59,8 @@ void ShardState::migrate_state(const partition::Layout& from, const partition::L
           dev_.copy_bytes(incoming.data(), state_[k].data(), static_cast<std::size_t>(old_shard.numel) * sizeof(float));
         }
         dev_.settle_before_collective();
-        dev_.comm().broadcast(incoming.data(), old_shard.numel, DType::f32, r);
+        comm::broadcast_in_chunks(dev_.comm(), incoming.data(), old_shard.numel, DType::f32, r,
+                                  bucket_elements(config_, DType::f32));
         source = incoming.data();
       }
       for (const partition::Segment& old_seg : old_shard.segments) {

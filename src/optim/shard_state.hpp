@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <vector>
 
 #include "core/flat_buffer.hpp"
@@ -46,9 +47,12 @@ inline std::size_t span_bytes(int64_t count, DType dtype) {
 
 partition::Strategy strategy_of(const OptimizerConfig& config);
 
-// Elements in one bucket of the gradient reduction and the parameter sync (config.bucket_bytes).
+// Elements in one collective of the gradient reduction, the parameter sync and the state
+// migration (config.bucket_bytes), never more than a collective's count limit (INT_MAX).
 inline int64_t bucket_elements(const OptimizerConfig& config, DType dtype) {
-  return std::max<int64_t>(kShardAlignment, config.bucket_bytes / static_cast<int64_t>(dtype_size(dtype)));
+  constexpr int64_t kLargest = (int64_t{INT32_MAX} / kShardAlignment) * kShardAlignment;
+  const int64_t wanted = config.bucket_bytes / static_cast<int64_t>(dtype_size(dtype));
+  return std::min(kLargest, std::max<int64_t>(kShardAlignment, wanted));
 }
 
 class ShardState {

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# tests/python/run_python_tests.sh — builds the Python module in a private venv and runs python/tests under mpirun at 1 and 2 ranks.
+#
+#   run_python_tests.sh SOURCE_DIR WORK_DIR
+# The venv and the module's build live under WORK_DIR, so the test needs nothing installed
+# system-wide beyond python3 with venv and pip (PyPI reachable for nanobind, scikit-build-core,
+# numpy and pytest on the first run).
+set -euo pipefail
+source_dir=$1
+work=$2
+mkdir -p "$work"
+
+venv="$work/venv"
+if [[ ! -x "$venv/bin/python" ]]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check nanobind scikit-build-core numpy pytest
+
+# The module, configured from python/ (it compiles the library itself, without -march=native).
+nanobind_dir=$("$venv/bin/python" -m nanobind --cmake_dir)
+cmake -S "$source_dir/python" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  -DPython_EXECUTABLE="$venv/bin/python" -Dnanobind_DIR="$nanobind_dir" >"$work/configure.log" ||
+  { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/build" -j"$(nproc)" --target _shardopt >"$work/build.log" 2>&1 ||
+  { tail -n 40 "$work/build.log"; exit 1; }
+
+# The package as installed: python/shardopt with the built extension beside it.
+package="$work/site/shardopt"
+rm -rf "$work/site"
+mkdir -p "$package"
+cp "$source_dir"/python/shardopt/*.py "$package/"
+cp "$work"/build/_shardopt*.so "$package/"
+
+export PYTHONPATH="$work/site"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+for np in 1 2; do
+  echo "== python tests, $np rank(s)"
+  mpirun -n "$np" --oversubscribe "$venv/bin/python" -m pytest -q -p no:cacheprovider "$source_dir/python/tests"
+done
