@@ -66,6 +66,48 @@ inline void write_seeded_grads(shardopt::ZeroOptimizer& opt, uint32_t seed) {
   }
 }
 
+// Named f32 params with values that are the same on every rank (seeded_values(seed + i)), and
+// gradient buffers for external storage.
+struct SeededParams {
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> values;
+  std::vector<std::vector<float>> grads;  // external storage only
+
+  explicit SeededParams(const std::vector<std::pair<std::string, int64_t>>& spec, uint32_t seed = 7) {
+    for (std::size_t i = 0; i < spec.size(); ++i) {
+      names.push_back(spec[i].first);
+      values.push_back(seeded_values(seed + static_cast<uint32_t>(i), spec[i].second));
+      grads.emplace_back(static_cast<std::size_t>(spec[i].second), 0.f);
+    }
+  }
+  // Named p0, p1, ...
+  SeededParams(const std::vector<int64_t>& sizes, uint32_t seed) : SeededParams(named(sizes), seed) {}
+
+  shardopt::ParamGroupSpec group(std::size_t first, std::size_t last, shardopt::GroupHyperparams hyper = {},
+                                 bool external = false) {
+    shardopt::ParamGroupSpec g;
+    g.hyper = hyper;
+    for (std::size_t i = first; i < last; ++i) {
+      shardopt::ParamSpec p;
+      p.name = names[i];
+      p.param = shardopt::TensorRef{values[i].data(), static_cast<int64_t>(values[i].size())};
+      if (external) p.grad = shardopt::TensorRef{grads[i].data(), static_cast<int64_t>(grads[i].size())};
+      g.params.push_back(p);
+    }
+    return g;
+  }
+  shardopt::ParamGroupSpec all(shardopt::GroupHyperparams hyper = {}, bool external = false) {
+    return group(0, names.size(), hyper, external);
+  }
+
+ private:
+  static std::vector<std::pair<std::string, int64_t>> named(const std::vector<int64_t>& sizes) {
+    std::vector<std::pair<std::string, int64_t>> spec;
+    for (std::size_t i = 0; i < sizes.size(); ++i) spec.emplace_back("p" + std::to_string(i), sizes[i]);
+    return spec;
+  }
+};
+
 // Runs `call` and returns the shardopt::Error it threw (code and message); fails the test if none.
 template <typename Call>
 std::pair<shardopt::ErrorCode, std::string> error_of(Call&& call) {

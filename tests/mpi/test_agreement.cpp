@@ -91,34 +91,7 @@ void check_invalid_on(const Outcome& o, int me, int bad, const std::vector<std::
 
 std::string num(double v) { return fmt::format("{}", v); }
 
-// Named f32 params with values that are the same on every rank.
-struct Params {
-  std::vector<std::string> names;
-  std::vector<std::vector<float>> values;
-  std::vector<std::vector<float>> grads;  // external storage only
-
-  explicit Params(const std::vector<std::pair<std::string, int64_t>>& spec, uint32_t seed = 7) {
-    for (std::size_t i = 0; i < spec.size(); ++i) {
-      names.push_back(spec[i].first);
-      values.push_back(seeded_values(seed + static_cast<uint32_t>(i), spec[i].second));
-      grads.emplace_back(static_cast<std::size_t>(spec[i].second), 0.f);
-    }
-  }
-
-  ParamGroupSpec group(std::size_t first, std::size_t last, GroupHyperparams hyper = {}, bool external = false) {
-    ParamGroupSpec g;
-    g.hyper = hyper;
-    for (std::size_t i = first; i < last; ++i) {
-      ParamSpec p;
-      p.name = names[i];
-      p.param = TensorRef{values[i].data(), static_cast<int64_t>(values[i].size())};
-      if (external) p.grad = TensorRef{grads[i].data(), static_cast<int64_t>(grads[i].size())};
-      g.params.push_back(p);
-    }
-    return g;
-  }
-  ParamGroupSpec all(GroupHyperparams hyper = {}, bool external = false) { return group(0, names.size(), hyper, external); }
-};
+using Params = shardopt_test::SeededParams;
 
 const std::vector<std::pair<std::string, int64_t>> kSmall = {{"embed", 24}, {"fc.weight", 40}, {"fc.bias", 8}};
 

@@ -23,32 +23,7 @@ namespace {
 // A short watchdog: a regression fails in seconds instead of hanging the job.
 std::shared_ptr<Communicator> test_comm() { return mpi_world(CommOptions{10.0}); }
 
-// f32 params of the given sizes, named p0, p1, ..., with values the same on every rank.
-struct Params {
-  std::vector<std::string> names;
-  std::vector<std::vector<float>> values;
-  std::vector<std::vector<float>> grads;  // external storage only
-
-  Params(const std::vector<int64_t>& sizes, uint32_t seed) {
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      names.push_back("p" + std::to_string(i));
-      values.push_back(seeded_values(seed + static_cast<uint32_t>(i), sizes[i]));
-      grads.emplace_back(static_cast<std::size_t>(sizes[i]), 0.f);
-    }
-  }
-  ParamGroupSpec group(std::size_t first, std::size_t last, GroupHyperparams hyper = {}, bool external = false) {
-    ParamGroupSpec g;
-    g.hyper = hyper;
-    for (std::size_t i = first; i < last; ++i) {
-      ParamSpec p;
-      p.name = names[i];
-      p.param = TensorRef{values[i].data(), static_cast<int64_t>(values[i].size())};
-      if (external) p.grad = TensorRef{grads[i].data(), static_cast<int64_t>(grads[i].size())};
-      g.params.push_back(p);
-    }
-    return g;
-  }
-};
+using Params = shardopt_test::SeededParams;
 
 // The same gradients on every rank, so no reduction is needed for the ranks to agree.
 void write_grads(ZeroOptimizer& opt, int step) {
