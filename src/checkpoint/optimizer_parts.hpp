@@ -48,6 +48,9 @@ void load_checkpoint(const OptimizerParts& parts, const std::string& dir);
 std::optional<StateDict> gather_state_dict(const OptimizerParts& parts, int to);
 void check_state_dict(const OptimizerParts& parts, const StateDict& dict);
 void install_state_dict(const OptimizerParts& parts, const StateDict& dict);
+// A hash of every step count and state value: ranks loading different dicts would each keep
+// their share of another state, so the ranks agree on it first.
+uint64_t content_hash(const StateDict& dict);
 std::vector<ParamGroupState> current_groups(const optim::ParamTable& table);
 
 }  // namespace checkpoint

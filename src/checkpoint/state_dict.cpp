@@ -133,6 +133,33 @@ void check_state_dict(const OptimizerParts& parts, const StateDict& sd) {
   }
 }
 
+uint64_t content_hash(const StateDict& sd) {
+  // Word-wise multiply-xor over every value: fast enough next to reading the dict at all.
+  uint64_t h = 0x243f6a8885a308d3ull;
+  auto mix = [&h](uint64_t word) { h = (h ^ word) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull; };
+  for (const auto& [id, state] : sd.state) {
+    mix(static_cast<uint64_t>(id));
+    mix(static_cast<uint64_t>(state.step));
+    for (const auto& [kind, values] : state.tensors) {
+      for (unsigned char c : kind) mix(c);
+      const std::size_t words = values.size() / 2;
+      const auto* data = reinterpret_cast<const unsigned char*>(values.data());
+      for (std::size_t w = 0; w < words; ++w) {
+        uint64_t word = 0;
+        std::memcpy(&word, data + w * sizeof(word), sizeof(word));
+        mix(word);
+      }
+      if (values.size() % 2 != 0) {
+        uint32_t last = 0;
+        std::memcpy(&last, &values.back(), sizeof(last));
+        mix(last);
+      }
+      mix(values.size());
+    }
+  }
+  return h;
+}
+
 void install_state_dict(const OptimizerParts& parts, const StateDict& sd) {
   optim::ParamTable& table = parts.table;
   for (std::size_t g = 0; g < sd.param_groups.size(); ++g) table.group(static_cast<int>(g)) = sd.param_groups[g].hyper;

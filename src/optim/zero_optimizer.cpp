@@ -316,6 +316,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
   record.field("state dict algorithm", algorithm_name(state.algorithm));
   record.field("state dict parameters", fmt::format("{}", state.param_names.size()));
   record.field("state dict entries", fmt::format("{}", state.state.size()));
+  record.field("state dict contents", fmt::format("hash {:#018x}", checkpoint::content_hash(state)));
   for (std::size_t g = 0; g < state.param_groups.size(); ++g) {
     optim::add_group_fields(state.param_groups[g].hyper, static_cast<int>(g), record);
   }

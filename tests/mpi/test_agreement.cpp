@@ -567,3 +567,30 @@ TEST_CASE("set_trainable rebuilds at the call and getters on one rank never comm
   CHECK(opt.param_step(1) == 0);
   CHECK(opt.param_step(0) == 2);
 }
+
+TEST_CASE("load_state_dict of a dict whose values differ on one rank is refused on every rank", "[agreement][arguments]") {
+  auto comm = test_comm();
+  const int n = comm->size(), me = comm->rank(), last = n - 1;
+  if (n < 2) {
+    SUCCEED("needs two ranks");
+    return;
+  }
+  // Every rank makes the same dict from a one-rank optimizer of its own.
+  Params solo_params(kSmall, 31);
+  ZeroOptimizer solo(comm->split(me, 0), OptimizerConfig{}, {solo_params.all()});
+  write_grads(solo, 0);
+  solo.step();
+  solo.consolidate_state_dict(0);
+  StateDict dict = solo.state_dict();
+
+  Params params(kSmall, 31);
+  ZeroOptimizer opt(comm, OptimizerConfig{}, {params.all()});
+  StateDict odd = dict;
+  if (me == last) odd.state.begin()->second.tensors.at("exp_avg")[0] += 1.0f;  // one value differs
+  const Outcome o = outcome_of([&] { opt.load_state_dict(odd); });
+  check_error(o, ErrorCode::mismatch, {"ranks disagree on state dict contents"});
+  CHECK(opt.param_step(0) == 0);  // nothing was installed anywhere
+  // The same dict on every rank loads.
+  opt.load_state_dict(dict);
+  CHECK(opt.param_step(0) == 1);
+}
