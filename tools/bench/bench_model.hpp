@@ -1,0 +1,57 @@
+// tools/bench/bench_model.hpp — the step benchmark's model (a list of named tensors), its synthetic values, and the optimizers built over it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "options.hpp"
+#include "shardopt/shardopt.hpp"
+
+namespace shardopt_bench {
+
+struct Tensor {
+  std::string name;
+  int64_t offset = 0;  // first element in the concatenated model
+  int64_t numel = 0;
+};
+
+struct Model {
+  std::vector<Tensor> tensors;
+  int64_t numel = 0;
+  std::string description;
+};
+
+// --params N: --tensors equal params; otherwise --layers x Linear(--width, --width), weight
+// then bias, in torch's order.
+Model make_model(const Options& o);
+
+// The step's owned buffers for external storage (bucket view keeps them inside shardopt), as
+// raw words of the dtype (f32: one word per element; bf16/f16: half a word).
+struct ExternalBuffers {
+  std::vector<float> params;
+  std::vector<float> grads;
+};
+
+// The OptimizerConfig the flags describe.
+shardopt::OptimizerConfig make_config(const Options& o);
+
+// Builds an optimizer over `pieces` of the model ([first, first+numel) ranges of global
+// indices) with synthetic initial values and gradients (not for stage 2 with bucket view,
+// which has no gradient views: see hand_gradients).
+std::unique_ptr<shardopt::ZeroOptimizer> build_optimizer(std::shared_ptr<shardopt::Communicator> comm,
+                                                         const Options& o, shardopt::OptimizerConfig config,
+                                                         const std::vector<Tensor>& pieces,
+                                                         ExternalBuffers& external);
+
+// Stage 2, before every step (untimed): every rank hands the same synthetic gradients (bucket
+// view: one param at a time through `scratch`, in registration order; external: they are
+// already in its buffers) and reduce_gradients() averages them into their owners' shards.
+void hand_gradients(shardopt::ZeroOptimizer& opt, const Options& o, const std::vector<Tensor>& pieces,
+                    std::vector<float>& scratch);
+
+// Elements [lo, hi) of the concatenated model, as pieces of its tensors.
+std::vector<Tensor> model_slice(const Model& model, int64_t lo, int64_t hi);
+
+}  // namespace shardopt_bench

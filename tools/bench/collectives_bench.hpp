@@ -1,0 +1,15 @@
+// tools/bench/collectives_bench.hpp — the nccl-tests-style sweep of shardopt's collectives (--mode collectives).
+#pragma once
+
+#include "options.hpp"
+#include "shardopt/shardopt.hpp"
+
+namespace shardopt_bench {
+
+// One table per op in options.ops over the -b..-e sweep, with nccl-tests' columns: size, count,
+// time, algbw, busbw, #wrong. Every timed iteration refills its inputs and checks every element
+// of the result (-c 1), so a collective that moves the wrong bytes cannot look fast. Prints on
+// rank 0; returns the exit status (1 when any element was wrong).
+int run_collectives(shardopt::Communicator& comm, const Options& options);
+
+}  // namespace shardopt_bench

@@ -1,0 +1,212 @@
+// tools/bench/options.cpp — parses shardopt-bench's flags (nccl-tests' sweep names plus the step's own) into Options.
+#include "options.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+
+#include <fmt/format.h>
+
+namespace shardopt_bench {
+
+const char* const usage_text =
+    "usage: mpirun -np N shardopt-bench [--mode collectives|step] [options]\n"
+    "\n"
+    "Sweep options (nccl-tests' names; sizes take K/M/G suffixes, powers of 1024):\n"
+    "  -b, --minbytes SIZE       smallest collective size (default 1K)\n"
+    "  -e, --maxbytes SIZE       largest collective size (default 16M)\n"
+    "  -f, --stepfactor X        multiply the size by X each row (default 2)\n"
+    "  -i, --stepbytes SIZE      add SIZE each row instead (used when -f is 1)\n"
+    "  -n, --iters N             timed iterations per row or step run (default 20)\n"
+    "  -w, --warmup_iters N      untimed iterations first (default 5)\n"
+    "  -c, --check 0|1           verify every result (default 1)\n"
+    "  -r, --root R              broadcast root (default 0)\n"
+    "  --op all_gather|broadcast|reduce_scatter|all_reduce|all   (default all)\n"
+    "\n"
+    "Step options:\n"
+    "  --params N                a model of --tensors equal params totalling N elements\n"
+    "  --tensors K               how many params --params is split into (default 4)\n"
+    "  --layers L --width W      instead: L x Linear(W, W), i.e. L weights of W*W and L\n"
+    "                            biases of W, in torch's order (default 20 x 2000 = 80.04M,\n"
+    "                            PyTorch's ZeroRedundancyOptimizer tutorial)\n"
+    "  --optimizer sgd|adam|adamw            (default adam; sgd uses --momentum)\n"
+    "  --momentum X                          sgd momentum (default 0.9)\n"
+    "  --lr X                                learning rate (default 0.001)\n"
+    "  --partition flat|sorted_greedy        (default flat)\n"
+    "  --storage bucket_view|external        (default bucket_view)\n"
+    "  --dtype f32|bf16|f16                  parameter and gradient type (default f32);\n"
+    "                                        bf16/f16 keep fp32 masters of each rank's shard:\n"
+    "                                        the step updates the masters and writes the\n"
+    "                                        16-bit params, and the sync all-gathers 16-bit\n"
+    "                                        params. Bytes per updated element (Adam): read g\n"
+    "                                        + write p in the dtype, master r/w 8, state r/w\n"
+    "                                        16 = 28 (f32: read p,g,m,v + write p,m,v = 28);\n"
+    "                                        sync: 2 x sizeof(dtype) per received element\n"
+    "  --stage 1|2                           ZeRO stage (default 1; 2 needs the sharded mode).\n"
+    "                                        The timed step is the same; at 2 the gradients\n"
+    "                                        are handed with reduce_gradient() and reduced to\n"
+    "                                        their owners before every step, untimed\n"
+    "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1)\n"
+    "  --bucket-bytes B          OptimizerConfig::bucket_bytes (default 4 MiB, the library default)\n"
+    "  --pipeline-chunk-bytes B  OptimizerConfig::pipeline_chunk_bytes: update and sync in chunks (default 0: off)\n"
+    "  --mode sharded|replicated state sharded (default) or replicated, the unsharded\n"
+    "                            baseline; implies --mode step (also --shard ...)\n"
+    "  --stream-mb M             MiB per bandwidth-test array, 4 arrays per rank\n"
+    "                            (default max(2 x last-level cache, 64))\n"
+    "  --breakdown               also time the update alone and the sync alone\n"
+    "\n"
+    "Output (rank 0): collectives print a table per op and '# Wrong values total : N OK|FAILED';\n"
+    "step prints one line of key=value pairs (inputs such as dtype=... stage=..., memory such\n"
+    "as state_bytes_per_rank (optimizer state), master_bytes_per_rank (fp32 masters) and\n"
+    "grad_bytes_per_rank, the largest rank's) ending in step_ms_median=... params_per_s=...\n"
+    "achieved_gbps=... roofline_fraction=... wrong=N. Exit status 1 when anything was wrong.\n";
+
+[[noreturn]] void bad_usage(const std::string& message) { throw std::invalid_argument(message); }
+
+namespace {
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    bad_usage(fmt::format("{} expects an integer, got '{}'", flag, text));
+  }
+  if (used != text.size() || value < lo || value > hi) {
+    bad_usage(fmt::format("{} expects an integer in [{}, {}], got '{}'", flag, lo, hi, text));
+  }
+  return value;
+}
+
+double parse_double(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    bad_usage(fmt::format("{} expects a number, got '{}'", flag, text));
+  }
+  if (used != text.size() || !std::isfinite(value)) {
+    bad_usage(fmt::format("{} expects a number, got '{}'", flag, text));
+  }
+  return value;
+}
+
+// "64", "1K", "16M", "2G": powers of 1024, as nccl-tests reads its sizes.
+int64_t parse_size(const std::string& flag, const std::string& text) {
+  if (text.empty()) bad_usage(fmt::format("{} expects a size, got ''", flag));
+  int64_t scale = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K': case 'k': scale = int64_t{1} << 10; break;
+    case 'M': case 'm': scale = int64_t{1} << 20; break;
+    case 'G': case 'g': scale = int64_t{1} << 30; break;
+    default: break;
+  }
+  if (scale != 1) digits.pop_back();
+  const int64_t limit = (int64_t{1} << 62) / scale;
+  return parse_int(flag, digits, 0, limit) * scale;
+}
+
+std::vector<CollectiveOp> parse_ops(const std::string& text) {
+  if (text == "all") return Options{}.ops;
+  if (text == "all_gather") return {CollectiveOp::all_gather};
+  if (text == "broadcast") return {CollectiveOp::broadcast};
+  if (text == "reduce_scatter") return {CollectiveOp::reduce_scatter};
+  if (text == "all_reduce") return {CollectiveOp::all_reduce};
+  bad_usage("--op expects all_gather, broadcast, reduce_scatter, all_reduce or all, got '" + text + "'");
+}
+
+}  // namespace
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    std::string value;
+    bool has_inline_value = false;
+    if (flag.rfind("--", 0) == 0) {
+      const std::size_t eq = flag.find('=');
+      if (eq != std::string::npos) {
+        value = flag.substr(eq + 1);
+        flag = flag.substr(0, eq);
+        has_inline_value = true;
+      }
+    }
+    if (flag == "--help" || flag == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (flag == "--breakdown") {
+      o.breakdown = true;
+      continue;
+    }
+    if (!has_inline_value) {
+      if (i + 1 >= argc) bad_usage(flag + " needs a value");
+      value = argv[++i];
+    }
+    if (flag == "-b" || flag == "--minbytes") o.min_bytes = parse_size(flag, value);
+    else if (flag == "-e" || flag == "--maxbytes") o.max_bytes = parse_size(flag, value);
+    else if (flag == "-f" || flag == "--stepfactor") o.step_factor = parse_double(flag, value);
+    else if (flag == "-i" || flag == "--stepbytes") o.step_bytes = parse_size(flag, value);
+    else if (flag == "-n" || flag == "--iters") o.iters = static_cast<int>(parse_int(flag, value, 1, 1 << 24));
+    else if (flag == "-w" || flag == "--warmup_iters") o.warmup = static_cast<int>(parse_int(flag, value, 0, 1 << 24));
+    else if (flag == "-c" || flag == "--check") o.check = parse_int(flag, value, 0, 1) == 1;
+    else if (flag == "-r" || flag == "--root") o.root = static_cast<int>(parse_int(flag, value, 0, 1 << 20));
+    else if (flag == "--op") o.ops = parse_ops(value);
+    else if (flag == "--mode" || flag == "--shard") {
+      // One flag names the benchmark (collectives|step) and, for the step, the state mode
+      // (sharded|replicated, which imply step).
+      if (flag == "--mode" && value == "collectives") o.mode = BenchMode::collectives;
+      else if (flag == "--mode" && value == "step") o.mode = BenchMode::step;
+      else if (value == "sharded" || value == "replicated") {
+        o.mode = BenchMode::step;
+        o.sharded = value == "sharded";
+      } else {
+        bad_usage(flag + " expects collectives, step, sharded or replicated, got '" + value + "'");
+      }
+    } else if (flag == "--params") o.params = parse_size(flag, value);
+    else if (flag == "--tensors") o.tensors = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
+    else if (flag == "--layers") o.layers = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
+    else if (flag == "--width") o.width = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
+    else if (flag == "--optimizer") {
+      if (value == "sgd") o.algorithm = Algorithm::sgd;
+      else if (value == "adam") o.algorithm = Algorithm::adam;
+      else if (value == "adamw") o.algorithm = Algorithm::adamw;
+      else bad_usage("--optimizer expects sgd, adam or adamw, got '" + value + "'");
+    } else if (flag == "--momentum") o.momentum = parse_double(flag, value);
+    else if (flag == "--lr") o.lr = parse_double(flag, value);
+    else if (flag == "--partition") {
+      if (value == "flat") o.partition = PartitionStrategy::flat;
+      else if (value == "sorted_greedy") o.partition = PartitionStrategy::sorted_greedy;
+      else bad_usage("--partition expects flat or sorted_greedy, got '" + value + "'");
+    } else if (flag == "--storage") {
+      if (value == "bucket_view") o.storage = Storage::bucket_view;
+      else if (value == "external") o.storage = Storage::external;
+      else bad_usage("--storage expects bucket_view or external, got '" + value + "'");
+    } else if (flag == "--dtype") {
+      if (value == "f32") o.dtype = DType::f32;
+      else if (value == "bf16") o.dtype = DType::bf16;
+      else if (value == "f16") o.dtype = DType::f16;
+      else bad_usage("--dtype expects f32, bf16 or f16, got '" + value + "'");
+    } else if (flag == "--stage") o.stage = static_cast<int>(parse_int(flag, value, 1, 2));
+    else if (flag == "--threads") o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
+    else if (flag == "--bucket-bytes") o.bucket_bytes = std::max<int64_t>(1, parse_size(flag, value));
+    else if (flag == "--pipeline-chunk-bytes") o.pipeline_chunk_bytes = parse_size(flag, value);
+    else if (flag == "--stream-mb") o.stream_mb = parse_int(flag, value, 1, int64_t{1} << 20);
+    else bad_usage("unknown option '" + flag + "'");
+  }
+  if (o.min_bytes > o.max_bytes) {
+    bad_usage(fmt::format("-b ({}) is larger than -e ({})", o.min_bytes, o.max_bytes));
+  }
+  if (o.stage == 2 && !o.sharded) {
+    bad_usage("--stage 2 shards the gradients by the state's partition; it needs --mode sharded");
+  }
+  if (o.step_factor <= 1.0 && o.step_bytes <= 0 && o.min_bytes != o.max_bytes) {
+    bad_usage("-f must be > 1, or -i must be positive, for the sweep to advance");
+  }
+  return o;
+}
+
+}  // namespace shardopt_bench

@@ -1,0 +1,64 @@
+// tools/bench/options.hpp — shardopt-bench's command line: the options struct, its parser and the usage text.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shardopt/shardopt.hpp"
+
+namespace shardopt_bench {
+
+using shardopt::Algorithm;
+using shardopt::DType;
+using shardopt::PartitionStrategy;
+using shardopt::Storage;
+
+// --help, and after an error in the flags.
+extern const char* const usage_text;
+
+enum class BenchMode { collectives, step };
+enum class CollectiveOp { all_gather, broadcast, reduce_scatter, all_reduce };
+
+struct Options {
+  BenchMode mode = BenchMode::collectives;
+  // Sweep and timing.
+  int64_t min_bytes = 1024;
+  int64_t max_bytes = int64_t{16} << 20;
+  double step_factor = 2.0;
+  int64_t step_bytes = 0;
+  int iters = 20;
+  int warmup = 5;
+  bool check = true;
+  int root = 0;
+  std::vector<CollectiveOp> ops{CollectiveOp::all_gather, CollectiveOp::broadcast,
+                                CollectiveOp::reduce_scatter, CollectiveOp::all_reduce};
+  // Step.
+  int64_t params = 0;  // 0: the --layers x --width model
+  int tensors = 4;
+  int layers = 20;
+  int width = 2000;
+  Algorithm algorithm = Algorithm::adam;
+  double momentum = 0.9;
+  double lr = 1e-3;
+  PartitionStrategy partition = PartitionStrategy::flat;
+  Storage storage = Storage::bucket_view;
+  DType dtype = DType::f32;
+  int stage = 1;
+  int threads = 1;
+  int64_t bucket_bytes = shardopt::OptimizerConfig{}.bucket_bytes;
+  int64_t pipeline_chunk_bytes = 0;
+  bool sharded = true;
+  int64_t stream_mb = 0;  // 0: automatic
+  bool breakdown = false;
+  bool help = false;
+};
+
+// Thrown as std::invalid_argument: main prints the message with the usage text and exits 2.
+[[noreturn]] void bad_usage(const std::string& message);
+
+// Every rank parses the same argv; throws std::invalid_argument (bad_usage) on a bad flag.
+Options parse_options(int argc, char** argv);
+
+}  // namespace shardopt_bench

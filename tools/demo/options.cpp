@@ -1,0 +1,202 @@
+// tools/demo/options.cpp — parsing shardopt-demo's command line into Options, and its --help text.
+#include "options.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+namespace shardopt_demo {
+
+using shardopt::DType;
+
+const char* const usage_text =
+    "usage: mpirun -np N shardopt-demo [options]\n"
+    "\n"
+    "Trains an MLP of --layers Linear(width, width) layers (ReLU between them, MSE loss against\n"
+    "random targets, each rank its own batch) with shardopt, once with the optimizer state\n"
+    "sharded over the ranks and once replicated, and compares the resulting parameters.\n"
+    "\n"
+    "  --mode sharded|replicated|both      which runs to do (default both)\n"
+    "  --partition flat|sorted_greedy      how the state is split over ranks (default flat)\n"
+    "  --optimizer sgd|adam|adamw          update rule, torch's defaults (default adam)\n"
+    "  --lr X                              learning rate (default 0.01)\n"
+    "  --dtype f32|bf16|f16                parameter and gradient type (default f32). bf16/f16:\n"
+    "                                      shardopt keeps fp32 masters of each rank's shard; the\n"
+    "                                      forward/backward runs in f32 on widened copies and\n"
+    "                                      the gradients are narrowed for the optimizer. f16\n"
+    "                                      uses dynamic loss scaling (steps whose gradients\n"
+    "                                      overflow are skipped; --verbose shows them)\n"
+    "  --stage 1|2                         ZeRO stage of the sharded run (default 1). 2: each\n"
+    "                                      rank keeps only its shard's gradients; the backward\n"
+    "                                      hands every layer's gradients with reduce_gradient()\n"
+    "                                      as soon as they exist. The replicated run is stage 1\n"
+    "  --clip MAX_NORM                     clip the averaged gradients to this total 2-norm\n"
+    "                                      with clip_grad_norm() (default 0: off)\n"
+    "  --layers N                          Linear layers (default 20)\n"
+    "  --width N                           features per layer (default 2000)\n"
+    "  --batch N                           samples per rank per step (default 20)\n"
+    "  --steps N                           optimizer steps per mode (default 5)\n"
+    "  --seed N                            seed of the parameters and data (default 0)\n"
+    "  --storage bucket_view|external      who owns the param/grad buffers (default bucket_view)\n"
+    "  --threads N                         OpenBLAS and optimizer threads per rank (default 1)\n"
+    "  --save DIR                          after the steps, save a sharded checkpoint of each\n"
+    "                                      mode into DIR/sharded and DIR/replicated\n"
+    "  --resume DIR                        before the steps, load the checkpoint of each mode\n"
+    "                                      from DIR/<mode> (any world size wrote it)\n"
+    "  --verbose                           also print every step's loss (with f16 the loss\n"
+    "                                      scale and whether the step was skipped, with --clip\n"
+    "                                      the gradient norm) and the memory report\n"
+    "  --check-gradients                   compare the backward pass with finite differences\n"
+    "                                      and exit (sizes default to --layers 3 --width 16\n"
+    "                                      --batch 4 here)\n"
+    "  --help                              this text\n"
+    "\n"
+    "Output (rank 0), one line per mode, then params_sum_match=yes|no when both modes ran:\n"
+    "  mode=M world=N params=P dtype=D stage=S state_bytes=B grad_bytes=G peak_rss_mb=R\n"
+    "  step_ms_median=T params_sum=S   (one line)\n"
+    "state_bytes: what the optimizer keeps on rank 0 beyond parameters and gradients (its state\n"
+    "plus the fp32 masters of bf16/f16 params); grad_bytes: the gradient memory shardopt owns on\n"
+    "rank 0 (stage 2: its shard only); step_ms_median: step() alone; params_sum: the sum of all\n"
+    "parameters (bf16/f16 widened to f32) in double.\n";
+
+namespace {
+
+int64_t parse_integer(const std::string& option, const std::string& text, int64_t min_value,
+                      int64_t max_value) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || value < min_value || value > max_value) {
+    throw UsageError(option + " expects an integer in [" + std::to_string(min_value) + ", " +
+                     std::to_string(max_value) + "], got '" + text + "'");
+  }
+  return value;
+}
+
+double parse_positive_real(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(value) || value <= 0.0) {
+    throw UsageError(option + " expects a positive number, got '" + text + "'");
+  }
+  return value;
+}
+
+double parse_nonnegative_real(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(value) || value < 0.0) {
+    throw UsageError(option + " expects a number >= 0, got '" + text + "'");
+  }
+  return value;
+}
+
+[[noreturn]] void bad_choice(const std::string& option, const std::string& value,
+                             const char* choices) {
+  throw UsageError(option + " expects one of " + choices + ", got '" + value + "'");
+}
+
+}  // namespace
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  // Limits keep every BLAS dimension inside int and every size product inside int64.
+  constexpr int64_t max_dim = 1 << 20;
+  for (int i = 1; i < argc; ++i) {
+    std::string option = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (const auto eq = option.find('='); option.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = option.substr(eq + 1);
+      option = option.substr(0, eq);
+      has_value = true;
+    }
+    const auto flag = [&] {
+      if (has_value) throw UsageError(option + " takes no value");
+    };
+    const auto next = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= argc) throw UsageError(option + " needs a value");
+      return argv[++i];
+    };
+    if (option == "--help" || option == "-h") {
+      flag();
+      options.help = true;
+    } else if (option == "--verbose") {
+      flag();
+      options.verbose = true;
+    } else if (option == "--check-gradients") {
+      flag();
+      options.check_gradients = true;
+    } else if (option == "--mode") {
+      const std::string v = next();
+      if (v == "both") options.modes = RunModes::both;
+      else if (v == "sharded") options.modes = RunModes::sharded;
+      else if (v == "replicated") options.modes = RunModes::replicated;
+      else bad_choice(option, v, "sharded, replicated, both");
+    } else if (option == "--partition") {
+      const std::string v = next();
+      if (v == "flat") options.partition = shardopt::PartitionStrategy::flat;
+      else if (v == "sorted_greedy") options.partition = shardopt::PartitionStrategy::sorted_greedy;
+      else bad_choice(option, v, "flat, sorted_greedy");
+    } else if (option == "--optimizer") {
+      const std::string v = next();
+      if (v == "sgd") options.algorithm = shardopt::Algorithm::sgd;
+      else if (v == "adam") options.algorithm = shardopt::Algorithm::adam;
+      else if (v == "adamw") options.algorithm = shardopt::Algorithm::adamw;
+      else bad_choice(option, v, "sgd, adam, adamw");
+    } else if (option == "--storage") {
+      const std::string v = next();
+      if (v == "bucket_view") options.storage = shardopt::Storage::bucket_view;
+      else if (v == "external") options.storage = shardopt::Storage::external;
+      else bad_choice(option, v, "bucket_view, external");
+    } else if (option == "--dtype") {
+      const std::string v = next();
+      if (v == "f32") options.dtype = DType::f32;
+      else if (v == "bf16") options.dtype = DType::bf16;
+      else if (v == "f16") options.dtype = DType::f16;
+      else bad_choice(option, v, "f32, bf16, f16");
+    } else if (option == "--stage") {
+      options.stage = static_cast<int>(parse_integer(option, next(), 1, 2));
+    } else if (option == "--clip") {
+      options.clip = parse_nonnegative_real(option, next());
+    } else if (option == "--lr") {
+      options.lr = parse_positive_real(option, next());
+    } else if (option == "--layers") {
+      options.layers = static_cast<int>(parse_integer(option, next(), 1, 100000));
+      options.layers_given = true;
+    } else if (option == "--width") {
+      options.width = static_cast<int>(parse_integer(option, next(), 1, max_dim));
+      options.width_given = true;
+    } else if (option == "--batch") {
+      options.batch = static_cast<int>(parse_integer(option, next(), 1, max_dim));
+      options.batch_given = true;
+    } else if (option == "--steps") {
+      options.steps = static_cast<int>(parse_integer(option, next(), 1, 1000000));
+    } else if (option == "--seed") {
+      options.seed = static_cast<uint64_t>(
+          parse_integer(option, next(), 0, std::numeric_limits<int64_t>::max()));
+    } else if (option == "--save") {
+      options.save_dir = next();
+    } else if (option == "--resume") {
+      options.resume_dir = next();
+    } else if (option == "--threads") {
+      options.threads = static_cast<int>(parse_integer(option, next(), 1, 1024));
+    } else {
+      throw UsageError("unknown option '" + std::string(argv[i]) + "'");
+    }
+  }
+  if (options.check_gradients) {
+    if (!options.layers_given) options.layers = 3;
+    if (!options.width_given) options.width = 16;
+    if (!options.batch_given) options.batch = 4;
+  }
+  return options;
+}
+
+}  // namespace shardopt_demo

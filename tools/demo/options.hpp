@@ -1,0 +1,53 @@
+// tools/demo/options.hpp — shardopt-demo's command line: the options, their defaults and the parser.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "shardopt/shardopt.hpp"
+
+namespace shardopt_demo {
+
+// The --help text (rank 0 prints it).
+extern const char* const usage_text;
+
+enum class RunModes { both, sharded, replicated };
+
+struct Options {
+  RunModes modes = RunModes::both;
+  shardopt::PartitionStrategy partition = shardopt::PartitionStrategy::flat;
+  shardopt::Algorithm algorithm = shardopt::Algorithm::adam;
+  shardopt::Storage storage = shardopt::Storage::bucket_view;
+  shardopt::DType dtype = shardopt::DType::f32;
+  int stage = 1;       // of the sharded run; the replicated run is always stage 1
+  double clip = 0.0;   // max total gradient norm; 0: no clipping
+  double lr = 0.01;
+  int layers = 20;
+  int width = 2000;
+  int batch = 20;
+  int steps = 5;
+  uint64_t seed = 0;
+  int threads = 1;
+  bool verbose = false;
+  bool check_gradients = false;
+  std::string save_dir;    // empty: no checkpoint written
+  std::string resume_dir;  // empty: start from the seeded initial values
+  bool help = false;
+  // Whether the size was given on the command line: --check-gradients picks tiny defaults.
+  bool layers_given = false;
+  bool width_given = false;
+  bool batch_given = false;
+};
+
+// A bad command line: reported on rank 0 with the usage text, exit status 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Parses argv; throws UsageError on a bad command line. --check-gradients picks tiny sizes
+// for whatever of --layers/--width/--batch was not given.
+Options parse_options(int argc, char** argv);
+
+}  // namespace shardopt_demo

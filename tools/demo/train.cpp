@@ -1,0 +1,350 @@
+// tools/demo/train.cpp — one training run: the MLP's parameters registered with shardopt, stepped and checked.
+#include "train.hpp"
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data.hpp"
+#include "measure.hpp"
+#include "mlp.hpp"
+#include "precision.hpp"  // kernels/: bf16/f16 <-> float, the library's own rounding
+
+namespace shardopt_demo {
+
+using shardopt::Communicator;
+using shardopt::DType;
+using shardopt::TensorRef;
+using shardopt::ZeroOptimizer;
+
+namespace {
+
+std::string layer_param_name(int layer, const char* kind) {
+  return "layers." + std::to_string(layer) + "." + kind;
+}
+
+// bf16/f16 parameters -> the demo's f32 working copy, with the library's own conversions.
+void widen(const TensorRef& src, float* dst) {
+  const int64_t n = src.numel;
+  if (src.dtype == DType::f32) {
+    std::memcpy(dst, src.data, static_cast<std::size_t>(n) * sizeof(float));
+    return;
+  }
+  const uint16_t* h = src.as<const uint16_t>();
+  if (src.dtype == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::bf16_to_float(h[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::f16_to_float(h[i]);
+  }
+}
+
+// f32 values times `scale` (the loss scale; 1 without scaling) -> bf16/f16, nearest even. A
+// power-of-two scale is exact in f32; what does not fit the dtype becomes inf, which the
+// optimizer's loss scaling detects.
+void narrow(const float* src, int64_t n, float scale, DType dtype, uint16_t* dst) {
+  if (dtype == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::float_to_bf16(src[i] * scale);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::float_to_f16(src[i] * scale);
+  }
+}
+
+}  // namespace
+
+ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& options,
+                 bool shard_state) {
+  Communicator& comm = *comm_ptr;
+  const int rank = comm.rank();
+  const int64_t width = options.width;
+  const int64_t weight_numel = width * width;
+  const int64_t layer_numel = weight_numel + width;
+  const int64_t total_numel = layer_numel * options.layers;
+  const bool external = options.storage == shardopt::Storage::external;
+  const DType dtype = options.dtype;
+  const bool half = dtype != DType::f32;
+  // Stage 2 shards gradients by the state's partition, so the replicated baseline is stage 1.
+  const int stage = shard_state ? options.stage : 1;
+  // Stage 2 with bucket view has no grad_view(): each gradient is handed with reduce_gradient().
+  const bool hand_gradients = stage == 2 && !external;
+  // f32 gradients that the optimizer reads from a buffer (grad_view(): its own at stage 1, our
+  // external ones otherwise) are written there directly by the backward. Otherwise the backward
+  // writes each layer into one f32 scratch that a per-layer hook narrows into grad_view() or
+  // hands to reduce_gradient(), as a trainer's backward hooks would.
+  const bool direct_grads = !half && !hand_gradients;
+
+  // Initial values. bucket_view: one staging buffer that shardopt copies into its own flat
+  // buffer at construction and that we free right after. external: these are the parameters
+  // (and gradient buffers). 16-bit parameters are drawn in f32 and narrowed, nearest even.
+  std::vector<float> staging32(!external && !half ? static_cast<std::size_t>(total_numel) : 0);
+  std::vector<uint16_t> staging16(!external && half ? static_cast<std::size_t>(total_numel) : 0);
+  std::vector<float> init_weight(half ? static_cast<std::size_t>(weight_numel) : 0);
+  std::vector<float> init_bias(half ? static_cast<std::size_t>(width) : 0);
+  std::vector<std::vector<float>> own_params32, own_grads32;
+  std::vector<std::vector<uint16_t>> own_params16, own_grads16;
+
+  shardopt::ParamGroupSpec group;
+  group.hyper.lr = options.lr;
+  // torch.optim.AdamW decays by 0.01 by default (Adam and SGD by 0); without it AdamW would
+  // just be Adam again.
+  if (options.algorithm == shardopt::Algorithm::adamw) group.hyper.weight_decay = 0.01;
+  // bucket_view: `grad` is null (shardopt owns the gradients); external: our gradient buffer.
+  const auto spec = [dtype](std::string name, void* param, void* grad, int64_t numel) {
+    shardopt::ParamSpec p;
+    p.name = std::move(name);
+    p.param = TensorRef{param, numel, dtype, shardopt::Device::cpu()};
+    p.grad = TensorRef{grad, numel, dtype, shardopt::Device::cpu()};
+    return p;
+  };
+  for (int l = 0; l < options.layers; ++l) {
+    void* weight = nullptr;
+    void* bias = nullptr;
+    void* weight_grad = nullptr;
+    void* bias_grad = nullptr;
+    if (!half) {
+      float* w32 = nullptr;
+      float* b32 = nullptr;
+      if (external) {
+        own_params32.emplace_back(static_cast<std::size_t>(weight_numel));
+        w32 = own_params32.back().data();
+        own_params32.emplace_back(static_cast<std::size_t>(width));
+        b32 = own_params32.back().data();
+        own_grads32.emplace_back(static_cast<std::size_t>(weight_numel));
+        weight_grad = own_grads32.back().data();
+        own_grads32.emplace_back(static_cast<std::size_t>(width));
+        bias_grad = own_grads32.back().data();
+      } else {
+        w32 = staging32.data() + l * layer_numel;
+        b32 = w32 + weight_numel;
+      }
+      init_linear(options.seed, l, options.width, w32, weight_numel, b32, width);
+      weight = w32;
+      bias = b32;
+    } else {
+      uint16_t* w16 = nullptr;
+      uint16_t* b16 = nullptr;
+      if (external) {
+        own_params16.emplace_back(static_cast<std::size_t>(weight_numel));
+        w16 = own_params16.back().data();
+        own_params16.emplace_back(static_cast<std::size_t>(width));
+        b16 = own_params16.back().data();
+        own_grads16.emplace_back(static_cast<std::size_t>(weight_numel));
+        weight_grad = own_grads16.back().data();
+        own_grads16.emplace_back(static_cast<std::size_t>(width));
+        bias_grad = own_grads16.back().data();
+      } else {
+        w16 = staging16.data() + l * layer_numel;
+        b16 = w16 + weight_numel;
+      }
+      init_linear(options.seed, l, options.width, init_weight.data(), weight_numel, init_bias.data(), width);
+      narrow(init_weight.data(), weight_numel, 1.0f, dtype, w16);
+      narrow(init_bias.data(), width, 1.0f, dtype, b16);
+      weight = w16;
+      bias = b16;
+    }
+    group.params.push_back(spec(layer_param_name(l, "weight"), weight, weight_grad, weight_numel));
+    group.params.push_back(spec(layer_param_name(l, "bias"), bias, bias_grad, width));
+  }
+
+  shardopt::OptimizerConfig config;
+  config.algorithm = options.algorithm;
+  config.partition = options.partition;
+  config.storage = options.storage;
+  config.shard_state = shard_state;
+  config.stage = stage;
+  config.cpu_threads = options.threads;
+  // f16 gradients underflow without a loss scale (torch.cuda.amp.GradScaler's defaults).
+  config.loss_scaling.enabled = dtype == DType::f16;
+  std::vector<shardopt::ParamGroupSpec> groups;
+  groups.push_back(std::move(group));
+  ZeroOptimizer opt(comm_ptr, config, std::move(groups));
+  std::vector<float>().swap(staging32);
+  std::vector<uint16_t>().swap(staging16);
+  std::vector<float>().swap(init_weight);
+  std::vector<float>().swap(init_bias);
+
+  // peak_rss_mb is this process's (rank 0's, as printed) high-water mark from here to the end
+  // of the mode: parameters, gradients, optimizer state, activations, the f32 working copies
+  // of 16-bit parameters and communication buffers (transient ones included), but neither the
+  // initial-value staging just freed nor anything left over from the previous mode.
+  const bool peak_is_per_mode = reset_peak_rss();
+  if (!peak_is_per_mode && rank == 0) {
+    std::fprintf(stderr, "shardopt-demo: note: cannot reset the peak RSS; peak_rss_mb is the "
+                         "process-lifetime peak\n");
+  }
+
+  std::vector<shardopt::ParamId> weight_id(static_cast<std::size_t>(options.layers));
+  std::vector<shardopt::ParamId> bias_id(weight_id.size());
+  for (int l = 0; l < options.layers; ++l) {
+    weight_id[l] = opt.find_param(layer_param_name(l, "weight"));
+    bias_id[l] = opt.find_param(layer_param_name(l, "bias"));
+  }
+  // 16-bit parameters: the f32 copies the forward/backward reads, layer after layer.
+  std::vector<float> work(half ? static_cast<std::size_t>(total_numel) : 0);
+  // One layer's f32 gradients, consumed by the hook before the next layer overwrites them.
+  std::vector<float> grad_scratch(direct_grads ? 0 : static_cast<std::size_t>(layer_numel));
+  // Stage 2, 16-bit: the narrowed gradients handed to reduce_gradient() (read before it returns).
+  std::vector<uint16_t> hand_scratch(hand_gradients && half ? static_cast<std::size_t>(layer_numel) : 0);
+
+  // Views can move when the layout is rebuilt, so look them up again whenever it changes.
+  std::vector<LinearTensors> net(static_cast<std::size_t>(options.layers));
+  uint64_t seen_layout = 0;
+  bool have_views = false;
+  const auto refresh_views = [&] {
+    if (have_views && opt.layout_version() == seen_layout) return;
+    for (int l = 0; l < options.layers; ++l) {
+      const shardopt::ParamId w = weight_id[l];
+      const shardopt::ParamId b = bias_id[l];
+      LinearTensors t;
+      if (half) {
+        t.weight = work.data() + l * layer_numel;
+        t.bias = t.weight + weight_numel;
+      } else {
+        t.weight = opt.param_view(w).as<float>();
+        t.bias = opt.param_view(b).as<float>();
+      }
+      if (direct_grads) {
+        t.weight_grad = opt.grad_view(w).as<float>();
+        t.bias_grad = opt.grad_view(b).as<float>();
+      } else {
+        t.weight_grad = grad_scratch.data();
+        t.bias_grad = grad_scratch.data() + weight_numel;
+      }
+      net[l] = t;
+    }
+    seen_layout = opt.layout_version();
+    have_views = true;
+  };
+  // 16-bit parameters -> the f32 working copies (after every step, outside the timed region).
+  const auto widen_params = [&] {
+    for (int l = 0; l < options.layers; ++l) {
+      widen(opt.param_view(weight_id[l]), work.data() + l * layer_numel);
+      widen(opt.param_view(bias_id[l]), work.data() + l * layer_numel + weight_numel);
+    }
+  };
+  // The backward hook: layer l's f32 gradients (in grad_scratch), scaled by the loss scale,
+  // go to the optimizer: narrowed into grad_view() (stage 1, or external buffers), or handed
+  // with reduce_gradient() (stage 2, bucket view), weight then bias, in backward order.
+  std::function<void(int)> layer_done;
+  if (!direct_grads) {
+    layer_done = [&](int l) {
+      const float scale = static_cast<float>(opt.loss_scale());
+      const shardopt::ParamId ids[2] = {weight_id[l], bias_id[l]};
+      const int64_t offsets[2] = {0, weight_numel};
+      const int64_t numels[2] = {weight_numel, width};
+      for (int k = 0; k < 2; ++k) {
+        const float* src = grad_scratch.data() + offsets[k];
+        if (hand_gradients) {
+          TensorRef grad{const_cast<float*>(src), numels[k], DType::f32, shardopt::Device::cpu()};
+          if (half) {
+            uint16_t* dst = hand_scratch.data() + offsets[k];
+            narrow(src, numels[k], scale, dtype, dst);
+            grad.data = dst;
+            grad.dtype = dtype;
+          }
+          opt.reduce_gradient(ids[k], grad);
+        } else {
+          narrow(src, numels[k], scale, dtype, opt.grad_view(ids[k]).as<uint16_t>());
+        }
+      }
+    };
+  }
+
+  const char* const mode_name = shard_state ? "sharded" : "replicated";
+  if (!options.resume_dir.empty()) opt.load(options.resume_dir + "/" + mode_name);
+  refresh_views();
+  if (half) widen_params();
+
+  Mlp mlp(options.layers, options.width, options.batch);
+  std::vector<float> input(static_cast<std::size_t>(options.batch) * width);
+  std::vector<float> target(input.size());
+  make_batch(options.seed, rank, input, target);
+  std::vector<double> step_ms;
+  for (int step = 0; step < options.steps; ++step) {
+    refresh_views();
+    // The backward pass overwrites the gradients, so no zero_grad() is needed.
+    const double loss = mlp.forward_backward(net, input.data(), target.data(), layer_done);
+    opt.reduce_gradients();
+    if (options.clip > 0.0) opt.clip_grad_norm(options.clip);
+
+    // Time step() alone, between barriers, as one times torch's opt.step(): the update of
+    // this rank's shard plus (sharded) the parameter sync.
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    opt.step();
+    const auto stop = std::chrono::steady_clock::now();
+    comm.barrier();
+    step_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+    if (half) {
+      refresh_views();
+      widen_params();
+    }
+
+    if (options.verbose) {
+      float mean_loss = static_cast<float>(loss);
+      comm.all_reduce(&mean_loss, 1, DType::f32, shardopt::ReduceOp::avg);
+      if (rank == 0) {
+        const shardopt::StepReport& report = opt.last_step();
+        std::string extra;
+        char buffer[128];
+        if (config.loss_scaling.enabled) {
+          std::snprintf(buffer, sizeof buffer, " loss_scale=%g skipped=%s skipped_steps=%" PRId64,
+                        report.loss_scale, report.skipped ? "yes" : "no", report.skipped_steps);
+          extra += buffer;
+        }
+        if (options.clip > 0.0) {
+          std::snprintf(buffer, sizeof buffer, " grad_norm=%.6e clip_coef=%.6f", report.grad_norm,
+                        report.clip_coef);
+          extra += buffer;
+        }
+        std::printf("step=%d loss=%.6f%s (mode=%s)\n", step, static_cast<double>(mean_loss),
+                    extra.c_str(), mode_name);
+      }
+    }
+  }
+
+  if (!options.save_dir.empty()) opt.save(options.save_dir + "/" + mode_name);
+
+  refresh_views();
+  double sum = 0.0;
+  for (int l = 0; l < options.layers; ++l) {
+    for (int64_t i = 0; i < weight_numel; ++i) sum += net[l].weight[i];
+    for (int64_t i = 0; i < width; ++i) sum += net[l].bias[i];
+  }
+  // After step() every rank must hold the same parameters. Compare the sums bit for bit:
+  // rank 0's 8 bytes travel as two f32 words (a broadcast does not interpret them).
+  double root_sum = sum;
+  comm.broadcast(&root_sum, 2, DType::f32, 0);
+  float differs = std::memcmp(&root_sum, &sum, sizeof sum) != 0 ? 1.0f : 0.0f;
+  comm.all_reduce(&differs, 1, DType::f32, shardopt::ReduceOp::max);
+  if (differs != 0.0f) {
+    throw shardopt::Error(shardopt::ErrorCode::mismatch,
+                          std::string("ranks hold different parameters after mode=") + mode_name);
+  }
+
+  const shardopt::MemoryReport memory = opt.memory_report();
+  if (options.verbose && rank == 0) {
+    std::printf("memory: state_bytes=%" PRId64 " master_bytes=%" PRId64 " param_bytes=%" PRId64
+                " grad_bytes=%" PRId64 " buffer_bytes=%" PRId64 " shard_numel=%" PRId64 " trainable_numel=%" PRId64
+                " skipped_steps=%" PRId64 " (mode=%s, rank 0)\n",
+                memory.state_bytes, memory.master_bytes, memory.param_bytes, memory.grad_bytes,
+                memory.buffer_bytes, memory.shard_numel, memory.trainable_numel, opt.last_step().skipped_steps, mode_name);
+  }
+  ModeResult result;
+  result.params = total_numel;
+  result.stage = stage;
+  result.state_bytes = memory.state_bytes + memory.master_bytes;
+  result.grad_bytes = memory.grad_bytes;
+  result.peak_rss_mb = peak_rss_mib();
+  result.step_ms_median = median(step_ms);
+  result.params_sum = sum;
+  return result;
+}
+
+}  // namespace shardopt_demo
