@@ -18,8 +18,7 @@ partition::Strategy strategy_of(const OptimizerConfig& config) {
 }
 
 StateMask ShardState::state_kinds_needed() const {
-  const std::vector<Hyperparams> groups(table_.groups().begin(), table_.groups().end());
-  StateMask needed = optim::state_kinds_needed(config_.algorithm, dtype(), groups);
+  StateMask needed = optim::state_kinds_needed(config_.algorithm, dtype(), table_.groups());
   // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
   for (std::size_t k = 0; k < kStateKinds; ++k) needed[k] = needed[k] || state_in_use_[k];
   return needed;

@@ -17,8 +17,9 @@ inline constexpr const char* kStateNames[kStateKinds] = {"exp_avg", "exp_avg_sq"
                                                          "momentum_buffer", "master"};
 
 // Which state kinds an optimizer of `algorithm` over `dtype` parameters with these groups keeps.
-inline std::array<bool, kStateKinds> state_kinds_needed(Algorithm algorithm, DType dtype,
-                                                        const std::vector<Hyperparams>& groups) {
+// `Groups`: any range of Hyperparams (the table's deque, a checkpoint's vector).
+template <typename Groups>
+std::array<bool, kStateKinds> state_kinds_needed(Algorithm algorithm, DType dtype, const Groups& groups) {
   std::array<bool, kStateKinds> needed{};
   for (const Hyperparams& h : groups) {
     if (algorithm == Algorithm::sgd) {

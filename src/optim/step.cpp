@@ -162,14 +162,20 @@ void Step::update_range(int64_t lo, int64_t hi) {
 // Every rank advances every trainable param, so step counts agree without communication.
 void Step::advance_steps() {
   const bool sgd = config_.algorithm == Algorithm::sgd;
+  bool buffers_created = false;
   for (std::size_t i = 0; i < table_.size(); ++i) {
     ParamRecord& p = table_.param(static_cast<ParamId>(i));
     if (!p.trainable) continue;
     ++p.step;
     // torch keeps a momentum buffer through steps taken with momentum 0 and resumes it.
-    if (sgd && table_.groups()[static_cast<std::size_t>(p.group)].momentum != 0.0) p.has_momentum_buffer = true;
+    if (sgd && !p.has_momentum_buffer && table_.groups()[static_cast<std::size_t>(p.group)].momentum != 0.0) {
+      p.has_momentum_buffer = true;
+      buffers_created = true;
+    }
   }
-  shard_.refresh_runs();
+  // Every trainable param advanced alike, so runs stay merged as they are unless a momentum
+  // buffer appeared (runs only merge params with the same buffer state).
+  if (buffers_created) shard_.refresh_runs();
 }
 
 }  // namespace optim
