@@ -49,13 +49,9 @@ auto read_collectively(shardopt::Communicator& comm, const char* what, Read&& re
     }
     {
       nb::gil_scoped_release release;
-      try {
-        shardopt::comm::fail_together(comm, what, failure);
-      } catch (...) {
-        // fail_together rethrows `failure`: the original exception is what this rank reports.
-      }
+      shardopt::comm::join_failed(comm, what, failure);
     }
-    std::rethrow_exception(local);
+    std::rethrow_exception(local);  // the original exception is what this rank reports
   }
 }
 

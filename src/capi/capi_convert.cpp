@@ -236,14 +236,8 @@ ParamGroupSpec group_from(const shardopt_param_group_desc* group, const std::str
     message = e.what();
   } catch (...) {
   }
-  try {
-    // The same agreement the call itself would have started with, carrying this failure.
-    comm::AgreementRecord record(what);
-    record.fail(Error(error_code_from(status), message));
-    comm::agree(comm, record);
-  } catch (...) {
-    // It rethrows this rank's own failure (or a communication error): report the original.
-  }
+  // The same agreement the call itself would have started with, carrying this failure.
+  comm::join_failed(comm, what, Error(error_code_from(status), message));
   std::rethrow_exception(local);
 }
 

@@ -155,15 +155,15 @@ std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine) {
   return payloads;
 }
 
-void fail_together(Communicator& comm, const std::string& operation, const Error& error) {
-  AgreementRecord record(operation);
-  record.fail(error);
+void join_failed(Communicator& comm, const std::string& operation, const Error& error) noexcept {
   try {
+    AgreementRecord record(operation);
+    record.fail(error);
     agree(comm, record);
-  } catch (const Error&) {
-    // This rank's own failure, or the other ranks' disagreement: report the original here.
+  } catch (...) {
+    // agree() rethrows this failure here (or the ranks' disagreement, or a communication
+    // error): the caller reports its original error instead.
   }
-  throw error;
 }
 
 uint64_t double_bits(double value) {

@@ -77,9 +77,10 @@ class AgreementRecord {
 std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine);
 
 // For a failure found before an entry point's own agreement could be built (a C ABI argument
-// that could not even be read): joins the agreement of `operation` with it, so that the other
-// ranks raise too, then rethrows `error` here.
-[[noreturn]] void fail_together(Communicator& comm, const std::string& operation, const Error& error);
+// or a Python object that could not even be read): joins the agreement of `operation` carrying
+// `error`, so that the other ranks, inside that call, raise too. Never throws: the caller then
+// reports its own original error.
+void join_failed(Communicator& comm, const std::string& operation, const Error& error) noexcept;
 
 // A double carried in a payload slot, bit for bit.
 uint64_t double_bits(double value);
