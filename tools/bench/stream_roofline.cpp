@@ -11,9 +11,18 @@
 #include <unistd.h>
 
 #include "bench_support.hpp"
-#include "precision.hpp"  // kernels/: bf16 <-> float, for the 16-bit streams
+#include "cpu/stream_cpu.hpp"  // kernels/: the probes, dispatched like the update kernels
+#include "precision.hpp"       // kernels/: bf16 <-> float, for reading a 16-bit result
 
 namespace shardopt_bench {
+
+using shardopt::kernels::fill_cpu;
+using shardopt::kernels::stream_copy_cpu;
+using shardopt::kernels::stream_triad_cpu;
+using shardopt::kernels::update_pattern_cpu;
+using shardopt::kernels::update_pattern_half_cpu;
+using shardopt::kernels::UpdatePattern;
+
 namespace {
 
 int64_t last_level_cache_bytes() {
@@ -65,27 +74,19 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, U
   AlignedArray half_owners[2] = {aligned_floats(half ? (n + 1) / 2 : 1), aligned_floats(half ? (n + 1) / 2 : 1)};
   auto* const g16 = reinterpret_cast<uint16_t*>(half_owners[0].get());
   auto* const p16 = reinterpret_cast<uint16_t*>(half_owners[1].get());
-  const int team = effective_threads(threads);
-  // First touch by the same static schedule that the kernels use, so each thread's pages are
-  // where it runs. Values stay normal floats through every kernel (no denormal slow paths).
-#pragma omp parallel for num_threads(team) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    a[i] = 1.0f;
-    b[i] = 2.0f;
-    c[i] = 0.5f;
-    d[i] = 0.25f;
-  }
+  // First touch by the kernels' own thread split, so each thread's pages are where it runs.
+  // Values stay normal floats through every kernel (no denormal slow paths).
+  fill_cpu(a, 1.0f, n, threads);
+  fill_cpu(b, 2.0f, n, threads);
+  fill_cpu(c, 0.5f, n, threads);
+  fill_cpu(d, 0.25f, n, threads);
   if (half) {
-#pragma omp parallel for num_threads(team) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      g16[i] = 0x4000u;  // 2.0 as bf16, as b
-      p16[i] = 0u;
-    }
+    fill_cpu(g16, uint16_t{0x4000}, n, threads);  // 2.0 as bf16, as b
+    fill_cpu(p16, uint16_t{0}, n, threads);
   }
-  // The 16-bit streams with trivial conversions (a shift each way: bf16's, whatever the dtype,
-  // as only the bytes moved matter here).
-  const auto widen16 = [](uint16_t h) { return shardopt::kernels::bf16_to_float(h); };
-  const auto narrow16 = [](float x) { return static_cast<uint16_t>(shardopt::kernels::float_bits(x) >> 16); };
+  const UpdatePattern pattern = shape == UpdateShape::adam           ? UpdatePattern::adam
+                                : shape == UpdateShape::sgd_momentum ? UpdatePattern::sgd_momentum
+                                                                     : UpdatePattern::sgd;
   constexpr int kReps = 6;
   std::vector<double> copy_s, triad_s, update_s;
   auto timed = [&](std::vector<double>& out, const auto& kernel) {
@@ -95,80 +96,19 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, U
     out.push_back(seconds_since(start));
   };
   for (int rep = 0; rep < kReps; ++rep) {
-    timed(copy_s, [&] {
-#pragma omp parallel for num_threads(team) schedule(static)
-      for (int64_t i = 0; i < n; ++i) c[i] = a[i];
-    });
-    timed(triad_s, [&] {
-#pragma omp parallel for num_threads(team) schedule(static)
-      for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0f * c[i];
-    });
+    timed(copy_s, [&] { stream_copy_cpu(a, c, n, threads); });
+    timed(triad_s, [&] { stream_triad_cpu(a, b, c, 3.0f, n, threads); });
     // p = a, g = b, m = c, v = d; mixed precision: master = a, g = g16, p = p16.
     timed(update_s, [&] {
       if (half) {
-        switch (shape) {
-          case UpdateShape::adam:
-#pragma omp parallel for num_threads(team) schedule(static)
-            for (int64_t i = 0; i < n; ++i) {
-              const float g = widen16(g16[i]);
-              const float m = 0.9f * c[i] + 0.1f * g;
-              const float v = 0.999f * d[i] + 0.001f * g * g;
-              c[i] = m;
-              d[i] = v;
-              const float p = a[i] - 1e-3f * m * v;
-              a[i] = p;
-              p16[i] = narrow16(p);
-            }
-            break;
-          case UpdateShape::sgd_momentum:
-#pragma omp parallel for num_threads(team) schedule(static)
-            for (int64_t i = 0; i < n; ++i) {
-              const float m = 0.9f * c[i] + widen16(g16[i]);
-              c[i] = m;
-              const float p = a[i] - 1e-3f * m;
-              a[i] = p;
-              p16[i] = narrow16(p);
-            }
-            break;
-          case UpdateShape::sgd:
-#pragma omp parallel for num_threads(team) schedule(static)
-            for (int64_t i = 0; i < n; ++i) {
-              const float p = a[i] - 1e-3f * widen16(g16[i]);
-              a[i] = p;
-              p16[i] = narrow16(p);
-            }
-            break;
-        }
-        return;
-      }
-      switch (shape) {
-        case UpdateShape::adam:
-#pragma omp parallel for num_threads(team) schedule(static)
-          for (int64_t i = 0; i < n; ++i) {
-            const float m = 0.9f * c[i] + 0.1f * b[i];
-            const float v = 0.999f * d[i] + 0.001f * b[i] * b[i];
-            c[i] = m;
-            d[i] = v;
-            a[i] = a[i] - 1e-3f * m * v;
-          }
-          break;
-        case UpdateShape::sgd_momentum:
-#pragma omp parallel for num_threads(team) schedule(static)
-          for (int64_t i = 0; i < n; ++i) {
-            const float m = 0.9f * c[i] + b[i];
-            c[i] = m;
-            a[i] = a[i] - 1e-3f * m;
-          }
-          break;
-        case UpdateShape::sgd:
-#pragma omp parallel for num_threads(team) schedule(static)
-          for (int64_t i = 0; i < n; ++i) a[i] = a[i] - 1e-3f * b[i];
-          break;
+        update_pattern_half_cpu(pattern, a, g16, p16, c, d, n, threads);
+      } else {
+        update_pattern_cpu(pattern, a, b, c, d, n, threads);
       }
     });
   }
   // The results are read, so the loops cannot be dropped as dead stores.
-  volatile float sink = a[n / 2] + c[n / 3] + d[n / 5] + (half ? widen16(p16[n / 7]) : 0.f);
+  volatile float sink = a[n / 2] + c[n / 3] + d[n / 5] + (half ? shardopt::kernels::bf16_to_float(p16[n / 7]) : 0.f);
   (void)sink;
   // The first repetition also pays for warming TLBs and the thread team; STREAM skips it.
   auto best_gbps = [&](const std::vector<double>& seconds, int64_t bytes_per_element) {

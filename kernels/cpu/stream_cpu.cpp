@@ -1,0 +1,107 @@
+// kernels/cpu/stream_cpu.cpp — the bandwidth probes' loops (see stream_cpu.hpp), split over threads exactly as the update kernels split theirs.
+#include "cpu/stream_cpu.hpp"
+
+#include "cpu/loop_support.hpp"
+#include "precision.hpp"
+
+namespace shardopt {
+namespace kernels {
+namespace {
+
+using cpu_loops::parallel_ranges;
+
+// A 16-bit stream with a trivial conversion each way: only the bytes moved matter here.
+inline float widen16(uint16_t h) { return bf16_to_float(h); }
+inline uint16_t narrow16(float x) { return static_cast<uint16_t>(float_bits(x) >> 16); }
+
+}  // namespace
+
+void stream_copy_cpu(const float* a, float* c, int64_t n, int threads) {
+  parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) c[i] = a[i];
+  });
+}
+
+void stream_triad_cpu(float* a, const float* b, const float* c, float s, int64_t n, int threads) {
+  parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+  });
+}
+
+void fill_cpu(float* x, float value, int64_t n, int threads) {
+  parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) x[i] = value;
+  });
+}
+
+void fill_cpu(uint16_t* x, uint16_t value, int64_t n, int threads) {
+  parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) x[i] = value;
+  });
+}
+
+void update_pattern_cpu(UpdatePattern pattern, float* p, const float* g, float* m, float* v, int64_t n,
+                        int threads) {
+  parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+    switch (pattern) {
+      case UpdatePattern::adam:
+        for (int64_t i = lo; i < hi; ++i) {
+          const float mi = 0.9f * m[i] + 0.1f * g[i];
+          const float vi = 0.999f * v[i] + 0.001f * g[i] * g[i];
+          m[i] = mi;
+          v[i] = vi;
+          p[i] = p[i] - 1e-3f * mi * vi;
+        }
+        break;
+      case UpdatePattern::sgd_momentum:
+        for (int64_t i = lo; i < hi; ++i) {
+          const float mi = 0.9f * m[i] + g[i];
+          m[i] = mi;
+          p[i] = p[i] - 1e-3f * mi;
+        }
+        break;
+      case UpdatePattern::sgd:
+        for (int64_t i = lo; i < hi; ++i) p[i] = p[i] - 1e-3f * g[i];
+        break;
+    }
+  });
+}
+
+void update_pattern_half_cpu(UpdatePattern pattern, float* master, const uint16_t* g16, uint16_t* p16, float* m,
+                             float* v, int64_t n, int threads) {
+  parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
+    switch (pattern) {
+      case UpdatePattern::adam:
+        for (int64_t i = lo; i < hi; ++i) {
+          const float g = widen16(g16[i]);
+          const float mi = 0.9f * m[i] + 0.1f * g;
+          const float vi = 0.999f * v[i] + 0.001f * g * g;
+          m[i] = mi;
+          v[i] = vi;
+          const float p = master[i] - 1e-3f * mi * vi;
+          master[i] = p;
+          p16[i] = narrow16(p);
+        }
+        break;
+      case UpdatePattern::sgd_momentum:
+        for (int64_t i = lo; i < hi; ++i) {
+          const float mi = 0.9f * m[i] + widen16(g16[i]);
+          m[i] = mi;
+          const float p = master[i] - 1e-3f * mi;
+          master[i] = p;
+          p16[i] = narrow16(p);
+        }
+        break;
+      case UpdatePattern::sgd:
+        for (int64_t i = lo; i < hi; ++i) {
+          const float p = master[i] - 1e-3f * widen16(g16[i]);
+          master[i] = p;
+          p16[i] = narrow16(p);
+        }
+        break;
+    }
+  });
+}
+
+}  // namespace kernels
+}  // namespace shardopt
