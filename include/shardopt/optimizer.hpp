@@ -148,6 +148,14 @@ struct StepReport {
   double grad_norm = -1.0;       // total norm from clip_grad_norm() before this step; -1 if none
   double clip_coef = 1.0;        // factor applied to the (unscaled) gradients by clipping
   int64_t skipped_steps = 0;     // skipped steps since construction
+  // Wall time of the step's phases on this rank, in seconds: the agreement at its start (which
+  // also waits for the slowest rank to arrive), the update kernels, and the parameter sync
+  // (pipelined: whatever of update_and_sync was not update). Their sum is the step's time but
+  // for bookkeeping of microseconds. On a CUDA device the update and sync are only enqueued,
+  // so these are host times.
+  double agree_seconds = 0.0;
+  double update_seconds = 0.0;
+  double sync_seconds = 0.0;
 };
 
 // Every collective call (the constructor, add_param_group, set_trainable, reduce_gradients,

@@ -2,6 +2,7 @@
 #include "optim/step.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -73,9 +74,12 @@ bool Step::local_nonfinite() {
   return local_grad_stats(/*inf_norm=*/true).nonfinite;
 }
 
-void Step::run(bool any_nonfinite) {
+void Step::run(bool any_nonfinite, double agree_seconds) {
   const device::ScopedDevice scope(dev_.device());
   const bool scaling = config_.loss_scaling.enabled;
+  report_.agree_seconds = agree_seconds;
+  report_.update_seconds = 0.0;
+  report_.sync_seconds = 0.0;
   report_.loss_scale = scaling ? scale_ : 1.0;
   report_.grad_norm = pending_norm_;
   report_.clip_coef = pending_clip_;
@@ -87,7 +91,16 @@ void Step::run(bool any_nonfinite) {
     ++report_.skipped_steps;
   } else {
     shard_.ensure_state_kinds();
-    sync_.update_and_sync([this](int64_t lo, int64_t hi) { update_range(lo, hi); });
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    double update_seconds = 0.0;
+    sync_.update_and_sync([&](int64_t lo, int64_t hi) {
+      const auto update_start = Clock::now();
+      update_range(lo, hi);
+      update_seconds += std::chrono::duration<double>(Clock::now() - update_start).count();
+    });
+    report_.update_seconds = update_seconds;
+    report_.sync_seconds = std::chrono::duration<double>(Clock::now() - start).count() - update_seconds;
     advance_steps();
     if (scaling && ++growth_tracker_ == config_.loss_scaling.growth_interval) {
       scale_ *= config_.loss_scaling.growth_factor;

@@ -26,8 +26,9 @@ class Step {
   double arm_clip(double max_norm, bool inf_norm, const std::vector<kernels::GradStats>& parts);
   // The inf/NaN flag this rank contributes to the step's agreement (loss scaling only).
   bool local_nonfinite();
-  // After the ranks agreed: skip (loss scaling saw an inf/NaN on some rank) or update and sync.
-  void run(bool any_nonfinite);
+  // After the ranks agreed (which took `agree_seconds`): skip (loss scaling saw an inf/NaN on
+  // some rank) or update and sync.
+  void run(bool any_nonfinite, double agree_seconds);
 
   double loss_scale() const { return scale_; }
   int64_t growth_tracker() const { return growth_tracker_; }

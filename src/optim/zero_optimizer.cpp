@@ -1,4 +1,5 @@
 // src/optim/zero_optimizer.cpp — ZeroOptimizer's public methods: each collective one starts with the ranks' agreement, then drives the parts in data-flow order.
+#include <chrono>
 #include <cmath>
 
 #include "checkpoint/optimizer_parts.hpp"
@@ -242,9 +243,10 @@ void ZeroOptimizer::step() {
     im.reducer.check_no_open_round("step");
     record.set_payload(0, im.step.local_nonfinite() ? 1 : 0);
   });
+  const auto start = std::chrono::steady_clock::now();
   bool any_nonfinite = false;
   for (const comm::Payload& p : agree(im, record)) any_nonfinite = any_nonfinite || p[0] != 0;
-  im.step.run(any_nonfinite);
+  im.step.run(any_nonfinite, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 double ZeroOptimizer::step(const std::function<double()>& closure) {
