@@ -26,6 +26,11 @@ struct CommOptions {
   // raises Error(timeout) at once naming the collective that timed out. <= 0 disables the
   // watchdog; NaN is refused (Error(invalid_argument)) when the communicator is created.
   double timeout_seconds = 600.0;
+  // Which ranks form a node: those that can share host memory (MPI_COMM_TYPE_SHARED) when 0;
+  // when n > 0, consecutive groups of n of those, each treated as a node of its own (to run
+  // the multi-node paths on one machine, or to bound how many ranks share one buffer).
+  // Negative values are refused (Error(invalid_argument)) when the communicator is created.
+  int ranks_per_node = 0;
 };
 
 // Collectives over one group of ranks. Counts are elements of `dtype`; buffers live on
@@ -92,6 +97,10 @@ class SHARDOPT_API Communicator {
   // Ranks passing the same color form a new group, ordered by key (ties by old rank).
   // Collective over this group.
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+  // Node locality. Collective over this group: the ranks of it on this rank's node (see
+  // CommOptions.ranks_per_node), ordered as here, all of which can map the same host memory;
+  // null on every rank when this backend cannot share host memory between its ranks (NCCL).
+  virtual std::shared_ptr<Communicator> split_node() { return nullptr; }
 };
 
 // MPI backend over host memory. The first form initialises MPI if nobody has. MPI can be

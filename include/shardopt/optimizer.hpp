@@ -89,6 +89,17 @@ struct OptimizerConfig {
   // starts each chunk's sync (broadcasts from its owner) while the next chunk is updated.
   // 0: update everything, then one all-gather (flat) or the bucketed broadcasts.
   int64_t pipeline_chunk_bytes = 0;
+  // Bucket view, CPU parameters, sharded, nodes of several ranks: the ranks of a node map one
+  // parameter buffer (one copy of the parameters per node, not per rank); each rank updates its
+  // shard in place, so the sync within a node is a barrier, and between nodes each shard
+  // travels once per node. Results are bitwise those of false. Where a node cannot share memory
+  // (e.g. /dev/shm too small) every rank falls back to a buffer of its own: memory_report()
+  // tells which. Since the node's ranks see one buffer, a write through param_view() on one
+  // rank is seen by the others: give every rank the same initial values (as data parallelism
+  // requires; at registration each rank's shard takes its own rank's values, parameters of
+  // other nodes' shards and frozen ones the node's first rank's), and write between collective
+  // calls. pipeline_chunk_bytes does not apply (there is no copy to overlap on a node).
+  bool node_shared_params = true;
   // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
   // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and
   // keeps gradient memory for its shard only; see reduce_gradient().
@@ -134,7 +145,11 @@ using ParamId = int32_t;  // registration order across all groups, as torch's gl
 struct MemoryReport {
   int64_t state_bytes = 0;         // optimizer state (exp_avg, exp_avg_sq, momentum, ...)
   int64_t master_bytes = 0;        // fp32 master copies of this rank's shard (bf16/f16 params)
-  int64_t param_bytes = 0;         // parameters shardopt owns (bucket view: the flat buffer)
+  int64_t param_bytes = 0;         // parameters shardopt owns for this rank alone (bucket view)
+  // node_shared_params: the parameter buffer this rank maps with the other node_ranks - 1
+  // ranks of its node, one copy per node (param_bytes is then 0).
+  int64_t node_shared_param_bytes = 0;
+  int32_t node_ranks = 1;
   int64_t grad_bytes = 0;          // gradients shardopt owns (stage 2: this rank's shard only)
   int64_t buffer_bytes = 0;        // staging for the sync and the gradient reduction
   int64_t shard_numel = 0;         // elements this rank updates

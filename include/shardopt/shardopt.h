@@ -245,6 +245,13 @@ typedef struct shardopt_optimizer_config {
    * is NULL takes, at create and in add_param_group. NULL: shardopt_default_hyperparams(algorithm),
    * torch's constructor defaults (AdamW: weight_decay 0.01). Read during create, not kept. */
   const shardopt_hyperparams* defaults;
+  /* ---- appended later: the sizes of the earlier structs (through `threads`, `loss_scaling`,
+   * `defaults`) are still accepted, and then leave the fields below at their defaults ---- */
+  /* 1 (default): with bucket-view storage, CPU parameters and sharded state, the ranks of a node
+   * map one parameter buffer (one copy per node); the sync within a node is a barrier. Results
+   * are bitwise those of 0. A write through a parameter view is seen by the node's other ranks.
+   * See OptimizerConfig::node_shared_params in shardopt/optimizer.hpp. */
+  int32_t node_shared_params;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -265,6 +272,7 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->loss_scaling.growth_interval = 2000;
   config->loss_scaling.min_scale = 1.0;
   config->defaults = NULL;
+  config->node_shared_params = 1;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors
@@ -326,6 +334,11 @@ typedef struct shardopt_memory_report {
   int64_t param_bytes;  /* parameters shardopt owns (bucket view: the flat buffer) */
   int64_t grad_bytes;   /* gradients shardopt owns (stage 2: this rank's shard only) */
   int64_t buffer_bytes; /* staging for the parameter sync and the gradient reduction */
+  /* ---- appended later: the sizes of the earlier structs are still accepted ---- */
+  /* node_shared_params: the parameter buffer this rank maps with node_ranks - 1 others of its
+   * node, one copy per node (param_bytes is then 0); node_ranks is 1 without sharing. */
+  int64_t node_shared_param_bytes;
+  int32_t node_ranks;
 } shardopt_memory_report;
 
 static inline void shardopt_memory_report_init(shardopt_memory_report* report) {
@@ -339,6 +352,8 @@ static inline void shardopt_memory_report_init(shardopt_memory_report* report) {
   report->param_bytes = 0;
   report->grad_bytes = 0;
   report->buffer_bytes = 0;
+  report->node_shared_param_bytes = 0;
+  report->node_ranks = 1;
 }
 
 /* What the last shardopt_optimizer_step did (before the first step: skipped 0, loss_scale 1,

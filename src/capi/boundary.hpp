@@ -131,7 +131,35 @@ struct optimizer_config {  // through `loss_scaling`
   uint64_t rounding_seed;
   shardopt_loss_scaling loss_scaling;
 };
+struct memory_report {  // through buffer_bytes
+  size_t struct_size;
+  int64_t state_bytes;
+  int64_t param_buffer_bytes;
+  int64_t grad_buffer_bytes;
+  int64_t shard_numel;
+  int64_t trainable_numel;
+  int64_t master_bytes;
+  int64_t param_bytes;
+  int64_t grad_bytes;
+  int64_t buffer_bytes;
+};
 }  // namespace v2
+namespace v3 {
+struct optimizer_config {  // through `defaults`
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+};
+}  // namespace v3
 
 // Each earlier version is a prefix of today's struct: same fields at the same offsets.
 #define SHARDOPT_CAPI_SAME_FIELD(v1_type, type, field) \
@@ -155,10 +183,13 @@ SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, param_buffer
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, grad_buffer_bytes);
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, shard_numel);
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, trainable_numel);
+SHARDOPT_CAPI_SAME_FIELD(v3::optimizer_config, shardopt_optimizer_config, defaults);
+SHARDOPT_CAPI_SAME_FIELD(v2::memory_report, shardopt_memory_report, buffer_bytes);
 #undef SHARDOPT_CAPI_SAME_FIELD
 
 static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
-                  sizeof(v2::optimizer_config) < sizeof(shardopt_optimizer_config),
+                  sizeof(v2::optimizer_config) < sizeof(v3::optimizer_config) &&
+                  sizeof(v3::optimizer_config) < sizeof(shardopt_optimizer_config),
               "each version of shardopt_optimizer_config must have a size of its own");
 
 // Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
@@ -169,11 +200,12 @@ struct KnownSizes {
 template <>
 struct KnownSizes<shardopt_optimizer_config> {
   static constexpr std::size_t values[] = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
-                                           sizeof(shardopt_optimizer_config)};
+                                           sizeof(v3::optimizer_config), sizeof(shardopt_optimizer_config)};
 };
 template <>
 struct KnownSizes<shardopt_memory_report> {
-  static constexpr std::size_t values[] = {sizeof(v1::memory_report), sizeof(shardopt_memory_report)};
+  static constexpr std::size_t values[] = {sizeof(v1::memory_report), sizeof(v2::memory_report),
+                                           sizeof(shardopt_memory_report)};
 };
 
 // Whether the caller's struct (of an accepted size) has the fields appended after `Earlier`.

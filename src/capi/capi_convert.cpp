@@ -199,6 +199,7 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
   if (newer_than<v2::optimizer_config>(config) && config->defaults != nullptr) {
     result.defaults = defaults_from(*config, result.algorithm);
   }
+  if (newer_than<v3::optimizer_config>(config)) result.node_shared_params = config->node_shared_params != 0;
   return result;
 }
 

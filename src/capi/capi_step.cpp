@@ -140,6 +140,9 @@ shardopt_status shardopt_optimizer_memory_report(shardopt_optimizer_t opt, shard
     out->param_bytes = report.param_bytes;
     out->grad_bytes = report.grad_bytes;
     out->buffer_bytes = report.buffer_bytes;
+    if (!newer_than<v2::memory_report>(out)) return;
+    out->node_shared_param_bytes = report.node_shared_param_bytes;
+    out->node_ranks = report.node_ranks;
   });
 }
 

@@ -35,6 +35,10 @@ inline void check_timeout_option(const CommOptions& options, const char* factory
                  "{}: CommOptions.timeout_seconds is NaN; give the number of seconds a "
                  "collective may take, or <= 0 for no watchdog",
                  factory);
+  SHARDOPT_CHECK(options.ranks_per_node >= 0, invalid_argument,
+                 "{}: CommOptions.ranks_per_node is {}; give 0 (the ranks that share memory) or a "
+                 "positive group size",
+                 factory, options.ranks_per_node);
 }
 
 // Calls `done()` until it returns true (-> true) or the deadline passes (-> false).

@@ -1,4 +1,4 @@
-// src/core/flat_buffer.hpp — an owned, 64-byte-aligned, zero-filled buffer of f32/bf16/f16 elements in host memory or on a CUDA device.
+// src/core/flat_buffer.hpp — a 64-byte-aligned, zero-filled buffer of f32/bf16/f16 elements in host memory or on a CUDA device, owned or over a shared mapping.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,11 @@ namespace core {
 // nested one with a default member initializer is not default-constructible inside its class.)
 struct FlatBufferFree {
   Device device = Device::cpu();
+  // Memory the buffer does not own (a node-shared mapping): released with this deleter, which
+  // then frees nothing itself.
+  std::shared_ptr<void> mapping;
   void operator()(float* p) const {
+    if (mapping) return;
     if (device.is_cuda()) {
       device::cuda_free(device, p);
     } else {
@@ -41,19 +45,33 @@ class FlatBuffer {
     data_.reset();
     numel_ = 0;
     if (numel <= 0) return;
-    const std::size_t bytes = (static_cast<std::size_t>(numel) * dtype_size(dtype_) + 63) / 64 * 64;
+    const std::size_t bytes = allocation_bytes(numel, dtype_);
     if (device_.is_cuda()) {
       // cudaMalloc aligns to at least 256 bytes.
       void* p = device::cuda_allocate_zeroed(device_, bytes, stream_);
-      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_});
+      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, nullptr});
     } else {
       void* p = std::aligned_alloc(64, bytes);
       if (p == nullptr) throw std::bad_alloc();
       std::memset(p, 0, bytes);
-      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_});
+      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, nullptr});
     }
     numel_ = numel;
   }
+  // A host buffer over `numel` elements of memory someone else allocated (zero-filled, 64-byte
+  // aligned, at least the rounded-up size resize() would allocate); `mapping` keeps it alive.
+  static FlatBuffer over_mapping(std::shared_ptr<void> mapping, void* data, int64_t numel, DType dtype) {
+    FlatBuffer buffer(Device::cpu(), nullptr, dtype);
+    buffer.data_ = std::unique_ptr<float, Free>(static_cast<float*>(data), Free{Device::cpu(), std::move(mapping)});
+    buffer.numel_ = numel;
+    return buffer;
+  }
+  bool borrowed() const { return static_cast<bool>(data_.get_deleter().mapping); }
+  // Bytes resize() allocates for `numel` elements of `dtype`: whole cache lines.
+  static std::size_t allocation_bytes(int64_t numel, DType dtype) {
+    return (static_cast<std::size_t>(numel) * dtype_size(dtype) + 63) / 64 * 64;
+  }
+
   // The elements as floats: only for f32 buffers (state, masters); raw() for any dtype.
   float* data() const { return data_.get(); }
   void* raw() const { return data_.get(); }

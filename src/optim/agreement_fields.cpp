@@ -78,6 +78,7 @@ void add_config_fields(const OptimizerConfig& config, comm::AgreementRecord& rec
   record.field("config.shard_state", text(config.shard_state));
   record.field("config.bucket_bytes", text(config.bucket_bytes));
   record.field("config.pipeline_chunk_bytes", text(config.pipeline_chunk_bytes));
+  record.field("config.node_shared_params", text(config.node_shared_params));
   record.field("config.stage", text(config.stage));
   record.field("config.stochastic_rounding", text(config.stochastic_rounding));
   record.field("config.rounding_seed", text(config.rounding_seed));

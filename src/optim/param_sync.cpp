@@ -2,6 +2,7 @@
 #include "optim/param_sync.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -39,9 +40,41 @@ void ParamSync::copy_segments(const partition::RankShard& shard, bool to_staging
   }
 }
 
+void ParamSync::sync_nodes(const comm::NodeTopology& nodes) {
+  // The barriers order the ranks' plain stores into the shared buffer; the fences keep the
+  // compiler from moving them across.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  nodes.node->barrier();
+  if (nodes.nodes > 1) {
+    if (nodes.cross) {
+      const DType dt = shard_.dtype();
+      const int64_t bucket = bucket_elements(config_, dt);
+      std::vector<std::unique_ptr<PendingCollective>> pending;
+      for (int r = 0; r < dev_.world(); ++r) {
+        const std::size_t ru = static_cast<std::size_t>(r);
+        if (nodes.carrier[ru] != nodes.own_carrier) continue;
+        const partition::RankShard& shard = shard_.layout().shards[ru];
+        for (int64_t begin = 0; begin < shard.numel; begin += bucket) {
+          const int64_t count = std::min(bucket, shard.numel - begin);
+          pending.push_back(nodes.cross->broadcast_async(shard_.flat_params().at(shard.offset + begin), count, dt,
+                                                         nodes.node_of[ru]));
+        }
+      }
+      for (auto& p : pending) p->wait();
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    nodes.node->barrier();
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
 void ParamSync::sync() {
   if (!shard_.sharded()) return;
   const device::ScopedDevice scope(dev_.device());
+  if (const comm::NodeTopology* nodes = shard_.node_sharing()) {
+    sync_nodes(*nodes);
+    return;
+  }
   if (shard_.bucket_view()) {
     exchange_shards(shard_.flat_params().raw());
     return;
@@ -59,7 +92,7 @@ void ParamSync::update_and_sync(const std::function<void(int64_t, int64_t)>& upd
   const int64_t chunk = std::min<int64_t>(
       int64_t{INT32_MAX} / kShardAlignment * kShardAlignment,
       config_.pipeline_chunk_bytes / static_cast<int64_t>(dtype_size(dt)) / kShardAlignment * kShardAlignment);
-  if (chunk <= 0 || !shard_.sharded() || !shard_.bucket_view()) {
+  if (chunk <= 0 || !shard_.sharded() || !shard_.bucket_view() || shard_.node_sharing() != nullptr) {
     update(0, shard_.own_shard().numel);
     sync();
     return;

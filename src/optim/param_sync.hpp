@@ -14,7 +14,8 @@ class ParamSync {
       : dev_(dev), config_(config), table_(table), shard_(shard) {}
 
   // Collective when sharded: every rank's shard reaches every rank (external storage copies
-  // through the staging buffer into the caller's buffers).
+  // through the staging buffer into the caller's buffers; node-shared parameters need only
+  // the other nodes' shards).
   void sync();
   // update(lo, hi) updates this rank's shard elements [lo, hi). Unpipelined: the whole update,
   // then sync(). Pipelined (bucket view, sharded, config.pipeline_chunk_bytes > 0): chunk k's
@@ -26,6 +27,10 @@ class ParamSync {
   // broadcast from its owner, all in flight together; every bucket is config.bucket_bytes at
   // most, so no single collective exceeds it (or MPI's count limit).
   void exchange_shards(void* buffer);
+  // Node-shared parameters: each rank has written its shard into its node's buffer, so a node
+  // needs only a barrier; between nodes, each shard is broadcast once to every other node by
+  // its carrier group, then a second barrier publishes what arrived.
+  void sync_nodes(const comm::NodeTopology& nodes);
   void copy_segments(const partition::RankShard& shard, bool to_staging);
 
   const DeviceContext& dev_;

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "comm/node_shared_memory.hpp"
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
@@ -97,17 +100,14 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
       next_offset[i] = params[i].trainable ? next.param_offset[i] : tail;
       if (!params[i].trainable) tail += params[i].numel;
     }
-    core::FlatBuffer next_params = dev_.new_buffer(tail, dt);
+    core::FlatBuffer next_params = new_param_buffer(tail);
     // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient().
     core::FlatBuffer next_grads = dev_.new_buffer(stage2() ? 0 : tail, dt);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const std::size_t bytes = span_bytes(params[i].numel, dt);
-      if (bytes == 0) continue;
-      if (i < view_offset_.size()) {
-        dev_.copy_bytes(next_params.at(next_offset[i]), flat_params_.at(view_offset_[i]), bytes);
-        if (!stage2()) dev_.copy_bytes(next_grads.at(next_offset[i]), flat_grads_.at(view_offset_[i]), bytes);
-      } else if (i >= first_new && i - first_new < initial.size() && initial[i - first_new] != nullptr) {
-        dev_.copy_bytes(next_params.at(next_offset[i]), initial[i - first_new], bytes);
+    fill_params(next_params, next, next_offset, initial, first_new);
+    if (!stage2()) {
+      for (std::size_t i = 0; i < std::min(params.size(), view_offset_.size()); ++i) {
+        const std::size_t bytes = span_bytes(params[i].numel, dt);
+        if (bytes != 0) dev_.copy_bytes(next_grads.at(next_offset[i]), flat_grads_.at(view_offset_[i]), bytes);
       }
     }
     // The caller may reuse its initial-value buffers as soon as registration returns.
@@ -131,6 +131,72 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   std::vector<bool> fresh(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) fresh[i] = params[i].trainable && params[i].step == 0;
   seed_masters(fresh);
+  // A node-shared buffer: no rank goes on (and perhaps writes parameters through its views)
+  // before every rank of the node has written its part and read what it needs (the masters).
+  if (const comm::NodeTopology* nodes = node_sharing()) nodes->node->barrier();
+}
+
+core::FlatBuffer ShardState::new_param_buffer(int64_t numel) {
+  const DType dt = dtype();
+  const bool applies = config_.node_shared_params && sharded() && bucket_view() && !dev_.on_device() && numel > 0;
+  if (!applies) return dev_.new_buffer(numel, dt);
+  if (!nodes_known_) {
+    nodes_ = comm::discover_nodes(dev_.comm());
+    nodes_known_ = true;
+  }
+  // Nodes of one rank each gain nothing from sharing.
+  if (!nodes_ || nodes_->largest_node < 2) return dev_.new_buffer(numel, dt);
+  std::string why_not;
+  comm::NodeSharedBuffer mapped =
+      comm::map_node_shared(*nodes_->node, core::FlatBuffer::allocation_bytes(numel, dt), why_not);
+  // Every node shares or none does: the sync must be the same on every rank.
+  const std::vector<uint8_t> mapped_on =
+      comm::all_gather_records(dev_.comm(), static_cast<uint8_t>(mapped.data != nullptr ? 1 : 0));
+  const auto failed = std::find(mapped_on.begin(), mapped_on.end(), uint8_t{0});
+  if (failed == mapped_on.end()) {
+    node_sharing_refused_.clear();
+    return core::FlatBuffer::over_mapping(std::move(mapped.mapping), mapped.data, numel, dt);
+  }
+  node_sharing_refused_ =
+      why_not.empty() ? fmt::format("the node of rank {} could not share its parameters", failed - mapped_on.begin())
+                      : why_not;
+  return dev_.new_buffer(numel, dt);
+}
+
+void ShardState::fill_params(core::FlatBuffer& next_params, const partition::Layout& next,
+                             const std::vector<int64_t>& next_offset, const std::vector<const void*>& initial,
+                             std::size_t first_new) const {
+  const std::vector<ParamRecord>& params = table_.params();
+  const DType dt = dtype();
+  // Elements [offset, offset+count) of param i into the new buffer, from where they are now.
+  auto copy = [&](std::size_t i, int64_t offset, int64_t count) {
+    const std::size_t bytes = span_bytes(count, dt);
+    if (bytes == 0) return;
+    if (i < view_offset_.size()) {
+      dev_.copy_bytes(next_params.at(next_offset[i] + offset), flat_params_.at(view_offset_[i] + offset), bytes);
+    } else if (i >= first_new && i - first_new < initial.size() && initial[i - first_new] != nullptr) {
+      dev_.copy_bytes(next_params.at(next_offset[i] + offset), element(initial[i - first_new], offset, dt),
+                      bytes);
+    }
+  };
+  const comm::NodeTopology* nodes = next_params.borrowed() ? nodes_.get() : nullptr;
+  if (nodes == nullptr) {
+    for (std::size_t i = 0; i < params.size(); ++i) copy(i, 0, params[i].numel);
+    return;
+  }
+  const int me = dev_.rank();
+  const int my_node = nodes->node_of[static_cast<std::size_t>(me)];
+  const bool first_on_node = nodes->node->rank() == 0;
+  for (std::size_t r = 0; r < next.shards.size(); ++r) {
+    const bool writer = nodes->node_of[r] == my_node ? static_cast<int>(r) == me : first_on_node;
+    if (!writer) continue;
+    for (const partition::Segment& s : next.shards[r].segments) copy(static_cast<std::size_t>(s.param), s.param_offset, s.length);
+  }
+  if (first_on_node) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].trainable) copy(i, 0, params[i].numel);
+    }
+  }
 }
 
 void* ShardState::param_ptr(std::size_t i) const {
@@ -191,6 +257,8 @@ const float* ShardState::param_values_f32(std::size_t i, int64_t offset, int64_t
 }
 
 void ShardState::set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values) {
+  const comm::NodeTopology* nodes = node_sharing();
+  if (nodes != nullptr && !table_.params()[i].trainable && nodes->node->rank() != 0) return;
   char* at = element(param_ptr(i), offset, dtype());
   if (dtype() != DType::f32) {
     kernels::narrow_cpu(values, at, dtype(), n, config_.cpu_threads);

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "comm/node_topology.hpp"
 #include "core/flat_buffer.hpp"
 #include "optim/device_context.hpp"
 #include "optim/param_table.hpp"
@@ -40,6 +43,9 @@ using StateMask = std::array<bool, kStateKinds>;
 // Byte offset of element `index` of a `dtype` buffer.
 inline char* element(void* base, int64_t index, DType dtype) {
   return static_cast<char*>(base) + index * static_cast<int64_t>(dtype_size(dtype));
+}
+inline const char* element(const void* base, int64_t index, DType dtype) {
+  return static_cast<const char*>(base) + index * static_cast<int64_t>(dtype_size(dtype));
 }
 inline std::size_t span_bytes(int64_t count, DType dtype) {
   return static_cast<std::size_t>(count) * dtype_size(dtype);
@@ -83,6 +89,12 @@ class ShardState {
   void* param_ptr(std::size_t i) const;
   void* grad_ptr(std::size_t i) const;
   const core::FlatBuffer& flat_params() const { return flat_params_; }
+  // The nodes whose ranks share flat_params() (config.node_shared_params, where it applies and
+  // the memory could be mapped on every node); null when each rank has its own.
+  const comm::NodeTopology* node_sharing() const { return flat_params_.borrowed() ? nodes_.get() : nullptr; }
+  // Why the parameters are not node-shared although config asked (empty when they are, or when
+  // sharing does not apply).
+  const std::string& node_sharing_refused() const { return node_sharing_refused_; }
   const core::FlatBuffer& flat_grads() const { return flat_grads_; }
   const core::FlatBuffer& sync_staging() const { return sync_staging_; }
   const core::FlatBuffer& grad_staging() const { return grad_staging_; }
@@ -93,6 +105,8 @@ class ShardState {
   // ---- for checkpoints (host memory) ----
   // Elements [offset, offset+n) of param i as f32 (bf16/f16 widened into `scratch`, exactly).
   const float* param_values_f32(std::size_t i, int64_t offset, int64_t n, std::vector<float>& scratch) const;
+  // With node-shared parameters a frozen param's values are written by the node's first rank
+  // only (every rank passes the same values; the next sync makes them visible to all).
   void set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values);
   // Replaces the state over this rank's shard (kinds not in `kinds` are dropped). For bf16/f16
   // params, a master absent from `kinds` (or listed in `without_master`) is seeded from the
@@ -102,6 +116,14 @@ class ShardState {
  private:
   void migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const;
   void seed_masters(const std::vector<bool>& params_to_seed);
+  // Collective: the bucket-view parameter buffer for `numel` elements, node-shared where it
+  // applies (decided alike on every rank), else this rank's own.
+  core::FlatBuffer new_param_buffer(int64_t numel);
+  // Fills the new bucket-view parameter buffer from the old one or the initial values. With a
+  // node-shared buffer each element is written once per node: by its owner when the owner is on
+  // this node, else by the node's first rank (rebuild() ends with the node's barrier).
+  void fill_params(core::FlatBuffer& next_params, const partition::Layout& next, const std::vector<int64_t>& next_offset,
+                   const std::vector<const void*>& initial, std::size_t first_new) const;
 
   const DeviceContext& dev_;
   const OptimizerConfig& config_;
@@ -118,6 +140,9 @@ class ShardState {
   core::FlatBuffer grad_staging_;  // external, stage 1: one bucket for reduce_gradients
   core::FlatBuffer shard_grads_;   // stage 2: this rank's shard of the averaged gradients
   std::vector<int64_t> view_offset_;  // bucket view: each param's place in flat_params_
+  std::shared_ptr<const comm::NodeTopology> nodes_;  // discovered at the first shared buffer
+  bool nodes_known_ = false;
+  std::string node_sharing_refused_;
   std::vector<UpdateRun> runs_;
 };
 

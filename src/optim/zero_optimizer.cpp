@@ -262,7 +262,12 @@ MemoryReport ZeroOptimizer::memory_report() const {
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     (k == optim::kMaster ? report.master_bytes : report.state_bytes) += shard.state()[k].bytes();
   }
-  report.param_bytes = shard.flat_params().bytes();
+  if (const comm::NodeTopology* nodes = shard.node_sharing()) {
+    report.node_shared_param_bytes = shard.flat_params().bytes();
+    report.node_ranks = nodes->node->size();
+  } else {
+    report.param_bytes = shard.flat_params().bytes();
+  }
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
   report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes();
   report.shard_numel = shard.own_shard().numel;

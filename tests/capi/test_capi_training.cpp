@@ -290,7 +290,10 @@ TEST_CASE("bf16 parameters step through the C ABI exactly as through the C++ API
   CHECK(report.trainable_numel == 243);
   CHECK(report.master_bytes == 4 * report.shard_numel);
   CHECK(report.state_bytes == 8 * report.shard_numel);
-  CHECK(report.param_bytes >= 2 * 243);  // bf16 flat buffer (with the shards' alignment padding)
+  // The bf16 flat buffer (with the shards' alignment padding): this rank's own, or its node's.
+  CHECK(report.param_bytes + report.node_shared_param_bytes >= 2 * 243);
+  CHECK(report.node_shared_param_bytes == expected.node_shared_param_bytes);
+  CHECK(report.node_ranks == (comm.size() > 1 ? comm.size() : 1));
   if (comm.size() > 1) CHECK(report.shard_numel < 243);
   REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
 }
@@ -863,6 +866,22 @@ struct config_before_defaults {
   shardopt_loss_scaling loss_scaling;
 };
 
+// The header before node_shared_params: through `defaults`.
+struct config_before_node_sharing {
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+};
+
 struct memory_report_before_master {
   size_t struct_size;
   int64_t state_bytes;
@@ -919,14 +938,15 @@ TEST_CASE("struct sizes of the earlier header are still accepted; others are ref
   CHECK(old_report->grad_buffer_bytes == report.grad_buffer_bytes);
   CHECK(old_report->shard_numel == report.shard_numel);
   CHECK(old_report->trainable_numel == 16);
-  CHECK(report.param_bytes > 0);
+  CHECK(report.param_bytes + report.node_shared_param_bytes > 0);  // node-shared by default
   REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
 
   // Sizes of no version: below the oldest, between versions, above the newest.
   shardopt_optimizer_config config;
   shardopt_optimizer_config_init(&config);
   const std::string accepts = "which also accepts " + std::to_string(sizeof(config_before_stage)) + ", " +
-                              std::to_string(sizeof(config_before_defaults)) + " from earlier headers";
+                              std::to_string(sizeof(config_before_defaults)) + ", " +
+                              std::to_string(sizeof(config_before_node_sharing)) + " from earlier headers";
   config.struct_size = sizeof(config_before_stage) - 8;
   CHECK(shardopt_optimizer_create(comm.get(), &config, &group, 1, &opt) == SHARDOPT_ERR_STRUCT_SIZE);
   CHECK(contains(last_error(), "too small"));
@@ -955,4 +975,28 @@ TEST_CASE("struct sizes of the earlier header are still accepted; others are ref
   CHECK(shardopt_optimizer_memory_report(opt, &report) == SHARDOPT_ERR_STRUCT_SIZE);
   CHECK(contains(last_error(), "larger than any version it knows"));
   REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
+}
+
+TEST_CASE("node_shared_params: one parameter buffer per node, or one per rank when off", "[capi][node_sharing]") {
+  CommHandle comm;
+  Model32 model({300, 17});
+  const shardopt_param_group_desc group = model.group();
+  for (int32_t shared : {1, 0}) {
+    CAPTURE(shared);
+    shardopt_optimizer_config config;
+    shardopt_optimizer_config_init(&config);
+    CHECK(config.node_shared_params == 1);  // the default
+    config.node_shared_params = shared;
+    shardopt_optimizer_t opt = create(comm, config, group);
+    shardopt_memory_report report;
+    shardopt_memory_report_init(&report);
+    REQUIRE(shardopt_optimizer_memory_report(opt, &report) == SHARDOPT_OK);
+    const bool sharing = shared != 0 && comm.size() > 1;  // all ranks of these tests share a node
+    CHECK((report.param_bytes > 0) == !sharing);
+    CHECK((report.node_shared_param_bytes > 0) == sharing);
+    CHECK(report.param_bytes + report.node_shared_param_bytes >= 4 * 317);
+    CHECK(report.node_ranks == (sharing ? comm.size() : 1));
+    REQUIRE(shardopt_optimizer_step(opt) == SHARDOPT_OK);
+    REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
+  }
 }

@@ -109,7 +109,10 @@ TEST_CASE("optimizer state per rank is exactly this rank's share", "[zero][memor
     REQUIRE(report.shard_numel == shard);
     REQUIRE(report.trainable_numel == total);
     REQUIRE(report.state_bytes == 2 * 4 * shard);
-    REQUIRE(report.param_bytes == 4 * n * shard);  // the bucket view: padded full copy
+    // The bucket view: a padded full copy, one per node (all ranks here share one node).
+    REQUIRE(report.param_bytes + report.node_shared_param_bytes == 4 * n * shard);
+    REQUIRE(report.node_shared_param_bytes == (n > 1 ? 4 * n * shard : 0));
+    REQUIRE(report.node_ranks == (n > 1 ? n : 1));
     REQUIRE(report.grad_bytes == 4 * n * shard);
     REQUIRE(report.buffer_bytes == 0);  // bucket view at stage 1 stages nothing
   }

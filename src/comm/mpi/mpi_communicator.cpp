@@ -238,6 +238,35 @@ class MpiCommunicator final : public Communicator {
     return result;
   }
 
+  std::shared_ptr<Communicator> split_node() override {
+    state_->check_usable("split_node");
+    // As split: a watched barrier first, since MPI_Comm_split_type has no deadline.
+    MPI_Request request;
+    state_->check(MPI_Ibarrier(state_->comm(), &request), "MPI_Ibarrier");
+    MpiPending(state_, "split_node", request).wait();
+    MPI_Comm shared = MPI_COMM_NULL;
+    state_->check(MPI_Comm_split_type(state_->comm(), MPI_COMM_TYPE_SHARED, state_->rank(), MPI_INFO_NULL, &shared),
+                  "MPI_Comm_split_type");
+    MPI_Comm node = shared;
+    const int per_node = state_->options().ranks_per_node;
+    if (per_node > 0) {
+      int local = 0;
+      MPI_Comm_rank(shared, &local);
+      const int status = MPI_Comm_split(shared, local / per_node, local, &node);
+      MPI_Comm_free(&shared);
+      state_->check(status, "MPI_Comm_split");
+    }
+    std::shared_ptr<Communicator> result;
+    try {
+      result = std::make_shared<MpiCommunicator>(state_->runtime(), node, state_->options());
+    } catch (...) {
+      MPI_Comm_free(&node);
+      throw;
+    }
+    MPI_Comm_free(&node);
+    return result;
+  }
+
  private:
   std::shared_ptr<MpiCommState> state_;
   bool cuda_aware_ = false;
