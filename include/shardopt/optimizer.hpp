@@ -99,6 +99,8 @@ struct OptimizerConfig {
   // requires; at registration each rank's shard takes its own rank's values, parameters of
   // other nodes' shards and frozen ones the node's first rank's), and write between collective
   // calls. pipeline_chunk_bytes does not apply (there is no copy to overlap on a node).
+  // External storage keeps the caller's buffers per rank; there the sync's staging buffer is
+  // node-shared, so the sync on a node is two memory copies and a barrier.
   bool node_shared_params = true;
   // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
   // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and
@@ -147,7 +149,8 @@ struct MemoryReport {
   int64_t master_bytes = 0;        // fp32 master copies of this rank's shard (bf16/f16 params)
   int64_t param_bytes = 0;         // parameters shardopt owns for this rank alone (bucket view)
   // node_shared_params: the parameter buffer this rank maps with the other node_ranks - 1
-  // ranks of its node, one copy per node (param_bytes is then 0).
+  // ranks of its node, one copy per node (bucket view: param_bytes is then 0; external storage:
+  // the sync's staging, otherwise in buffer_bytes).
   int64_t node_shared_param_bytes = 0;
   int32_t node_ranks = 1;
   int64_t grad_bytes = 0;          // gradients shardopt owns (stage 2: this rank's shard only)

@@ -40,7 +40,7 @@ void ParamSync::copy_segments(const partition::RankShard& shard, bool to_staging
   }
 }
 
-void ParamSync::sync_nodes(const comm::NodeTopology& nodes) {
+void ParamSync::sync_nodes(const comm::NodeTopology& nodes, const core::FlatBuffer& buffer) {
   // The barriers order the ranks' plain stores into the shared buffer; the fences keep the
   // compiler from moving them across.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -56,7 +56,7 @@ void ParamSync::sync_nodes(const comm::NodeTopology& nodes) {
         const partition::RankShard& shard = shard_.layout().shards[ru];
         for (int64_t begin = 0; begin < shard.numel; begin += bucket) {
           const int64_t count = std::min(bucket, shard.numel - begin);
-          pending.push_back(nodes.cross->broadcast_async(shard_.flat_params().at(shard.offset + begin), count, dt,
+          pending.push_back(nodes.cross->broadcast_async(buffer.at(shard.offset + begin), count, dt,
                                                          nodes.node_of[ru]));
         }
       }
@@ -71,16 +71,23 @@ void ParamSync::sync_nodes(const comm::NodeTopology& nodes) {
 void ParamSync::sync() {
   if (!shard_.sharded()) return;
   const device::ScopedDevice scope(dev_.device());
-  if (const comm::NodeTopology* nodes = shard_.node_sharing()) {
-    sync_nodes(*nodes);
-    return;
-  }
+  const comm::NodeTopology* nodes = shard_.node_sharing();
   if (shard_.bucket_view()) {
-    exchange_shards(shard_.flat_params().raw());
+    if (nodes != nullptr) {
+      sync_nodes(*nodes, shard_.flat_params());
+    } else {
+      exchange_shards(shard_.flat_params().raw());
+    }
     return;
   }
+  // External storage: through the staging buffer, which on a node may be shared (then the
+  // sync is two memory copies per element and a barrier, instead of a collective's).
   copy_segments(shard_.own_shard(), /*to_staging=*/true);
-  exchange_shards(shard_.sync_staging().raw());
+  if (nodes != nullptr) {
+    sync_nodes(*nodes, shard_.sync_staging());
+  } else {
+    exchange_shards(shard_.sync_staging().raw());
+  }
   for (int r = 0; r < dev_.world(); ++r) {
     if (r != dev_.rank()) copy_segments(shard_.layout().shards[static_cast<std::size_t>(r)], /*to_staging=*/false);
   }

@@ -27,10 +27,11 @@ class ParamSync {
   // broadcast from its owner, all in flight together; every bucket is config.bucket_bytes at
   // most, so no single collective exceeds it (or MPI's count limit).
   void exchange_shards(void* buffer);
-  // Node-shared parameters: each rank has written its shard into its node's buffer, so a node
-  // needs only a barrier; between nodes, each shard is broadcast once to every other node by
-  // its carrier group, then a second barrier publishes what arrived.
-  void sync_nodes(const comm::NodeTopology& nodes);
+  // Node-shared `buffer` (laid out as the layout's shards): each rank has written its shard
+  // into its node's copy, so a node needs only a barrier; between nodes, each shard is
+  // broadcast once to every other node by its carrier group, then a second barrier publishes
+  // what arrived.
+  void sync_nodes(const comm::NodeTopology& nodes, const core::FlatBuffer& buffer);
   void copy_segments(const partition::RankShard& shard, bool to_staging);
 
   const DeviceContext& dev_;

@@ -116,7 +116,7 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
     flat_grads_ = std::move(next_grads);
     view_offset_ = std::move(next_offset);
   } else {
-    sync_staging_ = dev_.new_buffer(sharded() ? next.buffer_numel : 0, dt);
+    sync_staging_ = sharded() ? new_param_buffer(next.buffer_numel) : dev_.new_buffer(0, dt);
     const bool staged = dev_.world() > 1 && !stage2();
     grad_staging_ = dev_.new_buffer(staged ? std::min(next.trainable_numel, bucket_elements(config_, dt)) : 0, dt);
   }
@@ -138,7 +138,7 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
 
 core::FlatBuffer ShardState::new_param_buffer(int64_t numel) {
   const DType dt = dtype();
-  const bool applies = config_.node_shared_params && sharded() && bucket_view() && !dev_.on_device() && numel > 0;
+  const bool applies = config_.node_shared_params && sharded() && !dev_.on_device() && numel > 0;
   if (!applies) return dev_.new_buffer(numel, dt);
   if (!nodes_known_) {
     nodes_ = comm::discover_nodes(dev_.comm());
@@ -258,7 +258,7 @@ const float* ShardState::param_values_f32(std::size_t i, int64_t offset, int64_t
 
 void ShardState::set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values) {
   const comm::NodeTopology* nodes = node_sharing();
-  if (nodes != nullptr && !table_.params()[i].trainable && nodes->node->rank() != 0) return;
+  if (bucket_view() && nodes != nullptr && !table_.params()[i].trainable && nodes->node->rank() != 0) return;
   char* at = element(param_ptr(i), offset, dtype());
   if (dtype() != DType::f32) {
     kernels::narrow_cpu(values, at, dtype(), n, config_.cpu_threads);

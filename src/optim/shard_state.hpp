@@ -89,9 +89,11 @@ class ShardState {
   void* param_ptr(std::size_t i) const;
   void* grad_ptr(std::size_t i) const;
   const core::FlatBuffer& flat_params() const { return flat_params_; }
-  // The nodes whose ranks share flat_params() (config.node_shared_params, where it applies and
-  // the memory could be mapped on every node); null when each rank has its own.
-  const comm::NodeTopology* node_sharing() const { return flat_params_.borrowed() ? nodes_.get() : nullptr; }
+  // The nodes whose ranks share the parameters' buffer (config.node_shared_params, where it
+  // applies and the memory could be mapped on every node): flat_params() with bucket view,
+  // sync_staging() with external storage. Null when each rank has its own.
+  const comm::NodeTopology* node_sharing() const { return shared_buffer().borrowed() ? nodes_.get() : nullptr; }
+  const core::FlatBuffer& shared_buffer() const { return bucket_view() ? flat_params_ : sync_staging_; }
   // Why the parameters are not node-shared although config asked (empty when they are, or when
   // sharing does not apply).
   const std::string& node_sharing_refused() const { return node_sharing_refused_; }
@@ -116,8 +118,9 @@ class ShardState {
  private:
   void migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const;
   void seed_masters(const std::vector<bool>& params_to_seed);
-  // Collective: the bucket-view parameter buffer for `numel` elements, node-shared where it
-  // applies (decided alike on every rank), else this rank's own.
+  // Collective: the bucket-view parameter buffer (or the external storage's sync staging) for
+  // `numel` elements, node-shared where it applies (decided alike on every rank), else this
+  // rank's own.
   core::FlatBuffer new_param_buffer(int64_t numel);
   // Fills the new bucket-view parameter buffer from the old one or the initial values. With a
   // node-shared buffer each element is written once per node: by its owner when the owner is on

@@ -262,14 +262,15 @@ MemoryReport ZeroOptimizer::memory_report() const {
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     (k == optim::kMaster ? report.master_bytes : report.state_bytes) += shard.state()[k].bytes();
   }
-  if (const comm::NodeTopology* nodes = shard.node_sharing()) {
-    report.node_shared_param_bytes = shard.flat_params().bytes();
-    report.node_ranks = nodes->node->size();
-  } else {
-    report.param_bytes = shard.flat_params().bytes();
-  }
+  report.param_bytes = shard.flat_params().bytes();
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
   report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes();
+  if (const comm::NodeTopology* nodes = shard.node_sharing()) {
+    const int64_t shared = shard.shared_buffer().bytes();
+    (shard.bucket_view() ? report.param_bytes : report.buffer_bytes) -= shared;
+    report.node_shared_param_bytes = shared;
+    report.node_ranks = nodes->node->size();
+  }
   report.shard_numel = shard.own_shard().numel;
   report.trainable_numel = shard.layout().trainable_numel;
   return report;

@@ -19,6 +19,7 @@ struct Setup {
   PartitionStrategy partition = PartitionStrategy::flat;
   DType dtype = DType::f32;
   Algorithm algorithm = Algorithm::adamw;
+  bool external = false;  // the caller's buffers; the sync's staging is what nodes share
 };
 
 // bf16 bits of a float, rounded to nearest even (the values here are finite).
@@ -32,12 +33,14 @@ uint16_t bf16_of(float x) {
 struct Values {
   std::vector<std::vector<float>> f32;
   std::vector<std::vector<uint16_t>> bf16;
+  std::vector<std::vector<float>> grads;  // external storage's gradient buffers (f32 sized)
   explicit Values(uint32_t seed) {
     for (std::size_t i = 0; i < kSizes.size(); ++i) {
       f32.push_back(shardopt_test::seeded_values(seed + static_cast<uint32_t>(i), kSizes[i]));
       std::vector<uint16_t> half;
       for (float x : f32.back()) half.push_back(bf16_of(x));
       bf16.push_back(std::move(half));
+      grads.emplace_back(static_cast<std::size_t>(kSizes[i]), 0.f);
     }
   }
   void* data(std::size_t i, DType dtype) {
@@ -52,6 +55,7 @@ std::unique_ptr<ZeroOptimizer> build(const std::shared_ptr<Communicator>& comm, 
   config.partition = s.partition;
   config.stage = s.stage;
   config.node_shared_params = shared;
+  config.storage = s.external ? Storage::external : Storage::bucket_view;
   config.bucket_bytes = 1024;  // several buckets per shard
   ParamGroupSpec group;
   group.hyper = shardopt_test::busy_hyperparams(s.algorithm);
@@ -59,6 +63,7 @@ std::unique_ptr<ZeroOptimizer> build(const std::shared_ptr<Communicator>& comm, 
     ParamSpec p;
     p.name = "p" + std::to_string(i);
     p.param = TensorRef{values.data(i, s.dtype), kSizes[i], s.dtype, Device::cpu()};
+    if (s.external) p.grad = TensorRef{values.grads[i].data(), kSizes[i], s.dtype, Device::cpu()};
     group.params.push_back(p);
   }
   return std::make_unique<ZeroOptimizer>(comm, config, std::vector<ParamGroupSpec>{group});
@@ -123,9 +128,12 @@ void check_same_as_private(const std::shared_ptr<Communicator>& comm, const Setu
   }();
   CHECK(orep.node_shared_param_bytes == 0);
   CHECK(orep.node_ranks == 1);
+  // What is shared: the parameters (bucket view) or the sync's staging (external storage,
+  // counted in buffer_bytes with the gradient staging when private).
+  CHECK(sr.param_bytes + sr.buffer_bytes + sr.node_shared_param_bytes == orep.param_bytes + orep.buffer_bytes);
   if (shares) {
-    CHECK(sr.param_bytes == 0);
-    CHECK(sr.node_shared_param_bytes == orep.param_bytes);
+    CHECK(sr.node_shared_param_bytes > 0);
+    if (!s.external) CHECK(sr.param_bytes == 0);
     CHECK(sr.node_ranks == expected_node_ranks(per_node));
   } else {
     CHECK(sr.param_bytes == orep.param_bytes);
@@ -178,6 +186,20 @@ TEST_CASE("node-shared parameters over several nodes: each shard crosses between
       s.algorithm = stage == 1 ? Algorithm::adamw : Algorithm::sgd;
       s.partition = stage == 1 ? PartitionStrategy::flat : PartitionStrategy::sorted_greedy;
       CAPTURE(per_node, stage);
+      check_same_as_private(comm, s, per_node);
+    }
+  }
+}
+
+TEST_CASE("external storage syncs through node-shared staging bitwise as through collectives", "[node_sharing]") {
+  for (int per_node : {0, 2}) {
+    const std::shared_ptr<Communicator> comm = per_node == 0 ? world() : world_with_nodes_of(per_node);
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      Setup s;
+      s.external = true;
+      s.dtype = dtype;
+      s.partition = PartitionStrategy::sorted_greedy;
+      CAPTURE(per_node, dtype_name(dtype));
       check_same_as_private(comm, s, per_node);
     }
   }
