@@ -87,12 +87,13 @@ NB_MODULE(_shardopt, m) {
 
   m.def(
       "mpi_world",
-      [](double timeout_seconds) {
+      [](double timeout_seconds, int ranks_per_node) {
         shardopt::CommOptions options;
         options.timeout_seconds = timeout_seconds;
+        options.ranks_per_node = ranks_per_node;
         return shardopt::mpi_world(options);
       },
-      "timeout_seconds"_a = 600.0,
+      "timeout_seconds"_a = 600.0, "ranks_per_node"_a = 0,
       "MPI_COMM_WORLD; initialises MPI if nobody has, finalises it when the last communicator goes.");
   m.def(
       "nccl_world",
@@ -119,6 +120,7 @@ NB_MODULE(_shardopt, m) {
       .def_rw("shard_state", &shardopt::OptimizerConfig::shard_state)
       .def_rw("bucket_bytes", &shardopt::OptimizerConfig::bucket_bytes)
       .def_rw("cpu_threads", &shardopt::OptimizerConfig::cpu_threads)
+      .def_rw("node_shared_params", &shardopt::OptimizerConfig::node_shared_params)
       .def_prop_rw(
           "defaults", [](const shardopt::OptimizerConfig& c) { return c.defaults; },
           [](shardopt::OptimizerConfig& c, std::optional<shardopt::Hyperparams> d) { c.defaults = std::move(d); },
@@ -202,7 +204,9 @@ NB_MODULE(_shardopt, m) {
       .def_ro("grad_bytes", &shardopt::MemoryReport::grad_bytes)
       .def_ro("buffer_bytes", &shardopt::MemoryReport::buffer_bytes)
       .def_ro("shard_numel", &shardopt::MemoryReport::shard_numel)
-      .def_ro("trainable_numel", &shardopt::MemoryReport::trainable_numel);
+      .def_ro("trainable_numel", &shardopt::MemoryReport::trainable_numel)
+      .def_ro("node_shared_param_bytes", &shardopt::MemoryReport::node_shared_param_bytes)
+      .def_ro("node_ranks", &shardopt::MemoryReport::node_ranks);
 
   using Opt = PyZeroOptimizer;
   nb::class_<Opt>(m, "ZeroOptimizer")

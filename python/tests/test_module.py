@@ -44,6 +44,25 @@ def test_bucket_view_adam_matches_reference():
         assert report.shard_numel < 42
 
 
+def test_node_shared_params_are_one_buffer_per_node():
+    w0 = values(3, 100)
+    shared = shardopt.ZeroOptimizer(COMM, [{"params": [("w", w0.copy())], "lr": 0.01}])
+    config = shardopt.OptimizerConfig()
+    assert config.node_shared_params  # the default
+    config.node_shared_params = False
+    own = shardopt.ZeroOptimizer(COMM, [{"params": [("w", w0.copy())], "lr": 0.01}], config)
+    s, o = shared.memory_report(), own.memory_report()
+    if COMM.size > 1:  # every rank of these tests is on one node
+        assert s.param_bytes == 0 and s.node_shared_param_bytes == o.param_bytes and s.node_ranks == COMM.size
+    else:
+        assert s.param_bytes == o.param_bytes and s.node_shared_param_bytes == 0 and s.node_ranks == 1
+    for opt in (shared, own):
+        opt.grad_view(0)[:] = values(4, 100)
+        opt.reduce_gradients()
+        opt.step()
+    assert np.array_equal(shared.param_view(0), own.param_view(0))
+
+
 def test_external_sgd_updates_caller_buffers_and_live_hyperparams():
     w, g = np.ones(10, np.float32), np.full(10, 2.0, np.float32)
     config = shardopt.OptimizerConfig(algorithm=shardopt.Algorithm.sgd, storage=shardopt.Storage.external)
