@@ -10,6 +10,13 @@
 #include "kernel_check.hpp"
 #include "shardopt/types.hpp"
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#define SHARDOPT_CPU_HAVE_CPUID 1
+#else
+#define SHARDOPT_CPU_HAVE_CPUID 0
+#endif
+
 namespace shardopt {
 namespace kernels {
 namespace {
@@ -74,16 +81,31 @@ const char* cpu_isa_name(CpuIsa isa) {
 
 CpuFeatures detect_cpu_features() {
   CpuFeatures cpu;
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  // The runtime's checks include the OS's XSAVE state (XCR0) for the YMM and ZMM registers.
-  __builtin_cpu_init();
-  cpu.avx2 = __builtin_cpu_supports("avx2");
-  cpu.fma = __builtin_cpu_supports("fma");
-  cpu.f16c = __builtin_cpu_supports("f16c");
-  cpu.avx512f = __builtin_cpu_supports("avx512f");
-  cpu.avx512bw = __builtin_cpu_supports("avx512bw");
-  cpu.avx512vl = __builtin_cpu_supports("avx512vl");
-  cpu.avx512dq = __builtin_cpu_supports("avx512dq");
+#if SHARDOPT_CPU_HAVE_CPUID
+  // From CPUID directly rather than __builtin_cpu_supports, whose feature names differ between
+  // compilers (Clang 14 has no "f16c"). The CPU's bits alone are not enough: the OS must also
+  // save the YMM (and, for AVX-512, the opmask and ZMM) registers, which XCR0 says.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return cpu;
+  const bool osxsave = (ecx & (1u << 27)) != 0;
+  const bool avx = (ecx & (1u << 28)) != 0;
+  const bool fma = (ecx & (1u << 12)) != 0;
+  const bool f16c = (ecx & (1u << 29)) != 0;
+  if (!osxsave || !avx) return cpu;
+  unsigned xcr0 = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+  const bool ymm_state = (xcr0 & 0x6u) == 0x6u;     // SSE and AVX state
+  const bool zmm_state = (xcr0 & 0xe6u) == 0xe6u;   // and opmask, ZMM_Hi256, Hi16_ZMM
+  if (!ymm_state || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return cpu;
+  cpu.avx2 = (ebx & (1u << 5)) != 0;
+  cpu.fma = fma;
+  cpu.f16c = f16c;
+  if (zmm_state) {
+    cpu.avx512f = (ebx & (1u << 16)) != 0;
+    cpu.avx512dq = (ebx & (1u << 17)) != 0;
+    cpu.avx512bw = (ebx & (1u << 30)) != 0;
+    cpu.avx512vl = (ebx & (1u << 31)) != 0;
+  }
 #endif
   return cpu;
 }

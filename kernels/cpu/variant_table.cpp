@@ -1,7 +1,10 @@
 // kernels/cpu/variant_table.cpp — one ISA variant's table of kernel entry points (compiled once per variant, like the loops).
 #include "cpu/cpu_variant.hpp"
 
-SHARDOPT_CPU_VARIANT_BEGIN
+// Data only: no target region is needed (Clang warns about an unused one).
+namespace shardopt {
+namespace kernels {
+namespace SHARDOPT_CPU_NS {
 
 // Constant-initialised (function addresses only): usable before any static constructor runs.
 const CpuKernelTable kernel_table = {
@@ -9,4 +12,6 @@ const CpuKernelTable kernel_table = {
     &stream_copy, &stream_triad, &fill_f32, &fill_u16, &update_pattern, &update_pattern_half,
 };
 
-SHARDOPT_CPU_VARIANT_END
+}  // namespace SHARDOPT_CPU_NS
+}  // namespace kernels
+}  // namespace shardopt
