@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "precision.hpp"
 
@@ -55,6 +56,14 @@ SHARDOPT_HOST_DEVICE double stats_term(float g) {
   const double d = static_cast<double>(g);
   if (kInfNorm) return d < 0.0 ? -d : d;
   return d * d;  // exact: 24-bit significands square into 48 bits
+}
+
+// The reported value: a NaN sum (some element was NaN) as the one canonical quiet NaN. Which
+// NaN an addition of two NaNs propagates depends on the operand order inside the instruction,
+// which the compiler picks differently for each ISA; the flag `nonfinite` says what happened.
+// Host only (the CPU kernels).
+inline double stats_result(double total) {
+  return total != total ? std::numeric_limits<double>::quiet_NaN() : total;
 }
 
 // The lanes' halving tree, in place; the result is lanes[0].

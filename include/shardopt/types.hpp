@@ -34,6 +34,14 @@ struct Device {
 };
 SHARDOPT_API std::string device_name(Device device);  // "cpu", "cuda:1"
 
+// The instruction set the CPU kernels run with in this process: "baseline" (x86-64: SSE2),
+// "avx2" (AVX2+FMA+F16C) or "avx512" (F, BW, VL, DQ). Chosen once, at the first kernel use,
+// from the CPU's features; the environment variable SHARDOPT_CPU_ISA=baseline|avx2|avx512|auto
+// forces one. Every choice gives the same bits: it changes speed only. Throws
+// Error(unsupported) when SHARDOPT_CPU_ISA names one this CPU (or build) lacks, and
+// Error(invalid_argument) for an unknown name, as every CPU kernel call then does.
+SHARDOPT_API const char* cpu_kernel_isa();
+
 // A non-owning view of a contiguous buffer that lives in someone else's memory.
 struct TensorRef {
   void* data = nullptr;

@@ -1,9 +1,10 @@
-// kernels/cpu/convert_cpu.cpp — dtype conversions (widen, narrow, divide) and gradient statistics over host ranges, split across OpenMP threads.
+// kernels/cpu/convert_cpu.cpp — dtype conversions (widen, narrow, divide) and gradient statistics over host ranges, split across OpenMP threads; compiled once per ISA variant.
 //
 // Built like update_cpu.cpp (-ffp-contract=off, -fno-math-errno): the conversions are integer
 // code and the statistics follow the fixed order of kernels/grad_stats.hpp, so the results do
-// not depend on the thread count, the ISA or the split.
-#include "cpu/update_cpu.hpp"
+// not depend on the thread count, the ISA variant or the split. Arguments were checked by the
+// public functions (dispatch_cpu.cpp).
+#include "cpu/cpu_variant.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -13,8 +14,7 @@
 #include "grad_stats.hpp"
 #include "precision.hpp"
 
-namespace shardopt {
-namespace kernels {
+SHARDOPT_CPU_VARIANT_BEGIN
 namespace {
 
 using namespace cpu_loops;
@@ -27,7 +27,7 @@ void with_format(DType dtype, const F& f) {
     case DType::f32: f(F32Format{}); break;
     case DType::bf16: f(Bf16Format{}); break;
     case DType::f16: f(F16Format{}); break;
-    case DType::byte: break;  // raw bytes have no element format; check_dtype refused them
+    case DType::byte: break;  // raw bytes have no element format; the public functions refuse them
   }
 }
 
@@ -77,16 +77,12 @@ GradStats grad_stats_typed(const typename Format::Storage* x, int64_t n, float u
     }
     total = stats_combine<kInfNorm>(total, sum);
   }
-  return GradStats{total, nonfinite != 0u};
+  return GradStats{stats_result(total), nonfinite != 0u};
 }
 
 }  // namespace
 
-GradStats grad_stats_cpu(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,
-                         int threads) {
-  if (n <= 0) return GradStats{};
-  check_dtype(dtype, "grad_stats_cpu");
-  check_buffer(grad, "grad_stats_cpu", "grad");
+GradStats grad_stats(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm, int threads) {
   GradStats stats;
   with_format(dtype, [&](auto format) {
     using Format = decltype(format);
@@ -97,11 +93,7 @@ GradStats grad_stats_cpu(const void* grad, DType dtype, int64_t n, float unscale
   return stats;
 }
 
-void widen_cpu(const void* src, DType dtype, float* dst, int64_t n, int threads) {
-  if (n <= 0) return;
-  check_dtype(dtype, "widen_cpu");
-  check_buffer(src, "widen_cpu", "src");
-  check_buffer(dst, "widen_cpu", "dst");
+void widen(const void* src, DType dtype, float* dst, int64_t n, int threads) {
   with_format(dtype, [&](auto format) {
     using Format = decltype(format);
     const auto* in = static_cast<const typename Format::Storage*>(src);
@@ -109,11 +101,7 @@ void widen_cpu(const void* src, DType dtype, float* dst, int64_t n, int threads)
   });
 }
 
-void narrow_cpu(const float* src, void* dst, DType dtype, int64_t n, int threads) {
-  if (n <= 0) return;
-  check_dtype(dtype, "narrow_cpu");
-  check_buffer(src, "narrow_cpu", "src");
-  check_buffer(dst, "narrow_cpu", "dst");
+void narrow(const float* src, void* dst, DType dtype, int64_t n, int threads) {
   with_format(dtype, [&](auto format) {
     using Format = decltype(format);
     auto* out = static_cast<typename Format::Storage*>(dst);
@@ -121,10 +109,7 @@ void narrow_cpu(const float* src, void* dst, DType dtype, int64_t n, int threads
   });
 }
 
-void divide_cpu(void* x, DType dtype, int64_t n, float divisor, int threads) {
-  if (n <= 0) return;
-  check_dtype(dtype, "divide_cpu");
-  check_buffer(x, "divide_cpu", "x");
+void divide(void* x, DType dtype, int64_t n, float divisor, int threads) {
   with_format(dtype, [&](auto format) {
     using Format = decltype(format);
     auto* data = static_cast<typename Format::Storage*>(x);
@@ -132,5 +117,4 @@ void divide_cpu(void* x, DType dtype, int64_t n, float divisor, int threads) {
   });
 }
 
-}  // namespace kernels
-}  // namespace shardopt
+SHARDOPT_CPU_VARIANT_END

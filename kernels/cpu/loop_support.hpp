@@ -1,4 +1,4 @@
-// kernels/cpu/loop_support.hpp — internal to kernels/cpu: thread ranges, runtime flags as template parameters, and the argument checks the CPU loop files share.
+// kernels/cpu/loop_support.hpp — internal to kernels/cpu: thread ranges, runtime flags as template parameters, and the public functions' argument checks.
 #pragma once
 
 #include <algorithm>

@@ -1,11 +1,10 @@
-// kernels/cpu/stream_cpu.cpp — the bandwidth probes' loops (see stream_cpu.hpp), split over threads exactly as the update kernels split theirs.
-#include "cpu/stream_cpu.hpp"
+// kernels/cpu/stream_cpu.cpp — the bandwidth probes' loops (see stream_cpu.hpp), split over threads exactly as the update kernels split theirs; compiled once per ISA variant, as they are.
+#include "cpu/cpu_variant.hpp"
 
 #include "cpu/loop_support.hpp"
 #include "precision.hpp"
 
-namespace shardopt {
-namespace kernels {
+SHARDOPT_CPU_VARIANT_BEGIN
 namespace {
 
 using cpu_loops::parallel_ranges;
@@ -16,32 +15,31 @@ inline uint16_t narrow16(float x) { return static_cast<uint16_t>(float_bits(x) >
 
 }  // namespace
 
-void stream_copy_cpu(const float* a, float* c, int64_t n, int threads) {
+void stream_copy(const float* a, float* c, int64_t n, int threads) {
   parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) c[i] = a[i];
   });
 }
 
-void stream_triad_cpu(float* a, const float* b, const float* c, float s, int64_t n, int threads) {
+void stream_triad(float* a, const float* b, const float* c, float s, int64_t n, int threads) {
   parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
   });
 }
 
-void fill_cpu(float* x, float value, int64_t n, int threads) {
+void fill_f32(float* x, float value, int64_t n, int threads) {
   parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) x[i] = value;
   });
 }
 
-void fill_cpu(uint16_t* x, uint16_t value, int64_t n, int threads) {
+void fill_u16(uint16_t* x, uint16_t value, int64_t n, int threads) {
   parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) x[i] = value;
   });
 }
 
-void update_pattern_cpu(UpdatePattern pattern, float* p, const float* g, float* m, float* v, int64_t n,
-                        int threads) {
+void update_pattern(UpdatePattern pattern, float* p, const float* g, float* m, float* v, int64_t n, int threads) {
   parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
     switch (pattern) {
       case UpdatePattern::adam:
@@ -67,8 +65,8 @@ void update_pattern_cpu(UpdatePattern pattern, float* p, const float* g, float* 
   });
 }
 
-void update_pattern_half_cpu(UpdatePattern pattern, float* master, const uint16_t* g16, uint16_t* p16, float* m,
-                             float* v, int64_t n, int threads) {
+void update_pattern_half(UpdatePattern pattern, float* master, const uint16_t* g16, uint16_t* p16, float* m,
+                         float* v, int64_t n, int threads) {
   parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
     switch (pattern) {
       case UpdatePattern::adam:
@@ -103,5 +101,4 @@ void update_pattern_half_cpu(UpdatePattern pattern, float* master, const uint16_
   });
 }
 
-}  // namespace kernels
-}  // namespace shardopt
+SHARDOPT_CPU_VARIANT_END

@@ -1,24 +1,24 @@
-// kernels/cpu/update_cpu.cpp — the SGD and Adam/AdamW update loops over the shared rules, for f32 and bf16/f16 parameters, split across OpenMP threads.
+// kernels/cpu/update_cpu.cpp — the SGD and Adam/AdamW update loops over the shared rules, for f32 and bf16/f16 parameters, split across OpenMP threads; compiled once per ISA variant.
 //
 // The rules' flags, the element format and the rounding mode are loop-invariant; each is
 // lifted into a template parameter so that the inner loop the compiler vectorises has no
 // branches. This file is built with -ffp-contract=off: vector body and scalar tail then round
 // identically, which keeps N-rank results bitwise equal to 1-rank results whatever the shard
-// boundaries.
-#include "cpu/update_cpu.hpp"
+// boundaries, and every ISA variant equal to the others. Arguments were checked by the public
+// functions (dispatch_cpu.cpp).
+#include "cpu/cpu_variant.hpp"
 
 #include <algorithm>
 #include <type_traits>
 
-#if defined(__F16C__)
+#if SHARDOPT_CPU_HAS_F16C
 #include <immintrin.h>
 #endif
 
 #include "cpu/loop_support.hpp"
 #include "precision.hpp"
 
-namespace shardopt {
-namespace kernels {
+SHARDOPT_CPU_VARIANT_BEGIN
 namespace {
 
 using namespace cpu_loops;
@@ -42,12 +42,12 @@ void for_each_index_block(uint64_t first_index, int64_t begin, int64_t end, cons
 // ---- f16 through F16C ------------------------------------------------------------------------------
 //
 // GCC 12 vectorises the portable f16 conversions into long integer sequences: the f16 Adam loop
-// ran at ~0.7 of its memory roofline where bf16 and f32 reach ~1. With F16C (any AVX2 machine,
-// seen through -march=native), nearest-even f16 updates instead widen a block of gradients into
+// ran at ~0.7 of its memory roofline where bf16 and f32 reach ~1. With F16C (the AVX2 and
+// AVX-512 variants), nearest-even f16 updates instead widen a block of gradients into
 // an L1-resident float buffer, run the f32-gradient loop writing the new values into another,
 // and narrow those: vcvtph2ps/vcvtps2ph are IEEE conversions with the portable functions' exact
 // bits, NaN payloads included (tests/unit compares the two paths).
-#if defined(__F16C__)
+#if SHARDOPT_CPU_HAS_F16C
 constexpr bool kHaveF16C = true;
 constexpr int64_t kStagedBlock = 1024;
 
@@ -121,7 +121,7 @@ void for_each_update_piece(const UpdateTensors& t, int64_t begin, int64_t end, u
   using Storage = typename Format::Storage;
   Storage* param = static_cast<Storage*>(t.param);
   const Storage* grad = static_cast<const Storage*>(t.grad);
-#if defined(__F16C__)
+#if SHARDOPT_CPU_HAS_F16C
   if constexpr (kStagedF16<Format, kStochastic>) {
     f16_staged(param, grad, begin, end, [&](float* values, const float* grads, int64_t b, int64_t n) {
       loop(UpdatePiece<F32StagedFormat, false>{values, grads, t.master + b, b, n, RoundingBlockKey{0u, 0u}, 0u});
@@ -288,7 +288,7 @@ void with_update_mode(DType dtype, bool stochastic, bool transform, const F& f) 
       case DType::f16:
         with_flag(stochastic, [&](auto kStochastic) { f(F16Format{}, kStochastic, kTransform); });
         break;
-      case DType::byte:  // raw bytes have no update; check_dtype refused them
+      case DType::byte:  // raw bytes have no update; the public functions refuse them
         break;
     }
   });
@@ -296,11 +296,8 @@ void with_update_mode(DType dtype, bool stochastic, bool transform, const F& f) 
 
 }  // namespace
 
-void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
-                    const GradTransform& gt, const Rounding& r, int threads) {
-  if (n <= 0) return;
-  check_tensors(t, "sgd_update_cpu");
-  if (s.use_momentum) check_buffer(momentum_buf, "sgd_update_cpu", "momentum_buf");
+void sgd_update(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
+                const GradTransform& gt, const Rounding& r, int threads) {
   const uint32_t step_key = rounding_step_key(r.seed, r.step);
   with_update_mode(t.dtype, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
     using Format = decltype(format);
@@ -311,14 +308,8 @@ void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, cons
   });
 }
 
-void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
-                     float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
-                     const GradTransform& gt, const Rounding& r, int threads) {
-  if (n <= 0) return;
-  check_tensors(t, "adam_update_cpu");
-  check_buffer(exp_avg, "adam_update_cpu", "exp_avg");
-  check_buffer(exp_avg_sq, "adam_update_cpu", "exp_avg_sq");
-  if (s.amsgrad) check_buffer(max_exp_avg_sq, "adam_update_cpu", "max_exp_avg_sq");
+void adam_update(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq, int64_t n,
+                 const AdamScalars& s, const GradTransform& gt, const Rounding& r, int threads) {
   const uint32_t step_key = rounding_step_key(r.seed, r.step);
   with_update_mode(t.dtype, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
     using Format = decltype(format);
@@ -329,17 +320,4 @@ void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
   });
 }
 
-void sgd_update_cpu(float* param, const float* grad, float* momentum_buf, int64_t n,
-                    const SgdScalars& s, int threads) {
-  const UpdateTensors t{param, grad, nullptr, DType::f32};
-  sgd_update_cpu(t, momentum_buf, n, s, GradTransform{}, Rounding{}, threads);
-}
-
-void adam_update_cpu(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                     float* max_exp_avg_sq, int64_t n, const AdamScalars& s, int threads) {
-  const UpdateTensors t{param, grad, nullptr, DType::f32};
-  adam_update_cpu(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, GradTransform{}, Rounding{}, threads);
-}
-
-}  // namespace kernels
-}  // namespace shardopt
+SHARDOPT_CPU_VARIANT_END

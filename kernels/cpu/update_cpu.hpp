@@ -16,6 +16,9 @@ namespace kernels {
 // Rounding::first_index advanced by the split offset). For n > 0, a null buffer that is used,
 // an unknown dtype, or a master that is given for f32 / missing for bf16/f16 raises
 // shardopt::Error(invalid_argument); so do the functions below for null buffers and dtypes.
+// Every function here runs the ISA variant chosen at the first call (kernels/cpu/cpu_isa.hpp;
+// Error(unsupported) when SHARDOPT_CPU_ISA names one this CPU lacks); all variants give the
+// same bits.
 void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
                     const GradTransform& gt, const Rounding& r, int threads);
 void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,

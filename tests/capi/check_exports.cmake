@@ -39,7 +39,7 @@ foreach(required
     "shardopt_optimizer_clip_grad_norm" "shardopt_optimizer_loss_scale" "shardopt_optimizer_set_loss_scale"
     "shardopt_optimizer_last_step" "shardopt_default_hyperparams" "shardopt_optimizer_get_defaults"
     "shardopt::mpi_world(" "shardopt::ZeroOptimizer::step()" "typeinfo for shardopt::Error"
-    "typeinfo for shardopt::Communicator" "shardopt::error_code_name(")
+    "typeinfo for shardopt::Communicator" "shardopt::error_code_name(" "shardopt::cpu_kernel_isa(")
   string(FIND "${listing}" "${required}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "libshardopt does not export ${required}")
