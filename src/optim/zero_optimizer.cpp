@@ -5,6 +5,7 @@
 #include "checkpoint/optimizer_parts.hpp"
 #include "comm/agreement.hpp"
 #include "core/check.hpp"
+#include "cpu/cpu_isa.hpp"
 #include "optim/agreement_fields.hpp"
 #include "optim/hyperparams.hpp"
 #include "optim/zero_optimizer_impl.hpp"
@@ -90,6 +91,9 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
   impl_ = std::make_unique<Impl>(std::move(comm), config);
   AgreementRecord record("ZeroOptimizer");
   record.validate([&] { optim::validate_config(config); });
+  // SHARDOPT_CPU_ISA naming an ISA this CPU lacks fails here, on every rank together, rather
+  // than at the first kernel call of one rank.
+  record.validate([] { kernels::active_cpu_isa(); });
   if (config.defaults) {
     record.validate([&] { optim::validate_hyperparams(*config.defaults, config.algorithm, "config.defaults"); });
   }
