@@ -9,13 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "mpi_test_support.hpp"
+#include "ckpt_test_support.hpp"
 #include "shardopt/checkpoint.hpp"
 
 using namespace shardopt;
 using shardopt_test::all_params;
 using shardopt_test::bitwise_equal;
 using shardopt_test::seeded_values;
+using shardopt_test::file_bytes;
+using shardopt_test::scratch;
+using shardopt_test::shard_files;
 using shardopt_test::world;
 namespace fs = std::filesystem;
 
@@ -74,33 +77,6 @@ std::vector<int64_t> all_steps(const ZeroOptimizer& opt) {
   for (ParamId id = 0; id < opt.num_params(); ++id) out.push_back(opt.param_step(id));
   return out;
 }
-
-// A directory shared by the ranks of this run, fresh for each use: rank 0 clears it.
-std::string scratch(const std::string& name) {
-  const std::string dir = std::string(SHARDOPT_TEST_SCRATCH) + "/np" + std::to_string(world()->size()) + "/" + name;
-  if (world()->rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  world()->barrier();
-  return dir;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::vector<std::string> shard_files(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("shard-", 0) == 0) names.push_back(n);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 
 // The first `k` ranks of the world as a communicator (null on the others, after the split).
 std::shared_ptr<Communicator> first_ranks(int k) {
@@ -302,14 +278,26 @@ TEST_CASE("damaged or foreign checkpoints are refused on every rank, the optimiz
     expect_refused(dir, ErrorCode::io, "missing");
   }
   SECTION("newer format version") {
+    // A newer shardopt's manifest, sealed with a valid checksum: refused as newer, not as corrupt.
     const std::string dir = damaged("newer", [&](const std::string& d) {
-      std::string text = file_bytes(d + "/manifest.json");
-      const std::string from = "\"format_version\": 1";
-      REQUIRE(text.find(from) != std::string::npos);
-      text.replace(text.find(from), from.size(), "\"format_version\": 2");
-      std::ofstream(d + "/manifest.json", std::ios::binary | std::ios::trunc) << text;
+      auto j = shardopt_test::manifest_json(file_bytes(d + "/manifest.json"));
+      REQUIRE(j["format_version"] == 2);
+      j["format_version"] = 3;
+      shardopt_test::write_bytes(d + "/manifest.json", shardopt_test::sealed_manifest_text(j));
     });
-    expect_refused(dir, ErrorCode::unsupported, "format version 2");
+    expect_refused(dir, ErrorCode::unsupported, "format version 3");
+    expect_refused(dir, ErrorCode::unsupported, "upgrade shardopt");
+  }
+  SECTION("the manifest edited by hand (its checksum not recomputed)") {
+    const std::string dir = damaged("edited", [&](const std::string& d) {
+      std::string text = file_bytes(d + "/manifest.json");
+      const std::string from = "\"layer1.weight\"";
+      REQUIRE(text.find(from) != std::string::npos);
+      text.replace(text.find(from), from.size(), "\"layer1.weigh7\"");
+      shardopt_test::write_bytes(d + "/manifest.json", text);
+    });
+    expect_refused(dir, ErrorCode::corrupt, "manifest.json' is corrupt: its manifest_crc32c says");
+    if (world()->rank() == 0) REQUIRE_THROWS_AS(verify_checkpoint(dir), Error);
   }
   SECTION("no checkpoint at all") {
     const std::string dir = scratch("empty");
