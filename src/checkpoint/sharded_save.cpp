@@ -1,6 +1,7 @@
 // src/checkpoint/sharded_save.cpp — save: one shard file per rank, proven as rank 0 sees them, then the manifest.
 //
-// 1. Every rank makes the directory (as it sees it); rank 0 picks a fresh save id.
+// 1. Every rank checks the hyperparameters a load will check, and makes the directory (as it
+//    sees it); rank 0 picks a fresh save id.
 // 2. Every rank writes its shard file atomically; the ranks agree on the files' sizes and CRCs.
 // 3. The proof, before anything is committed: rank 0 builds the manifest, runs check_manifest
 //    on it and the full file checks of the one validation path (validate.hpp) on every shard
@@ -17,6 +18,7 @@
 #include "checkpoint/store.hpp"
 #include "checkpoint/validate.hpp"
 #include "core/check.hpp"
+#include "optim/hyperparams.hpp"
 
 namespace shardopt {
 namespace checkpoint {
@@ -160,6 +162,10 @@ void save_checkpoint(const OptimizerParts& parts, const std::string& dir) {
   std::string save_id;
   bool created_dir = false;
   try {
+    // A checkpoint whose hyperparameters a load would refuse is not worth writing.
+    for (std::size_t g = 0; g < parts.table.groups().size(); ++g) {
+      optim::validate_hyperparams(parts.table.groups()[g], parts.config.algorithm, static_cast<int>(g));
+    }
     created_dir = !directory_exists(dir);
     make_directories(dir);
     if (dev.rank() == 0) {
