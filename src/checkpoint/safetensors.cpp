@@ -32,7 +32,8 @@ bool shape_bytes(const std::vector<int64_t>& shape, int64_t* numel, int64_t* byt
 
 // One tensor entry of the header: {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}.
 TensorEntry parse_tensor(const std::string& name, const nlohmann::json& value, const std::string& path) {
-  const JsonObject entry(value, path, "tensor '" + name + "'");
+  // Fields are named "params.dtype" in messages (an empty tensor name as "''").
+  const JsonObject entry(value, path, name.empty() ? std::string("''") : name);
   entry.only({"dtype", "shape", "data_offsets"});
   const std::string dtype = entry.string("dtype");
   SHARDOPT_CHECK(dtype == "F32", unsupported, "'{}': tensor '{}' has dtype {}; shardopt checkpoints hold F32 only",

@@ -63,11 +63,23 @@ InputFile& CheckpointReader::input(std::size_t file) {
 
 void CheckpointReader::check_header(std::size_t file) {
   if (headers_[file]) return;
+  check_size(file_path(file), input(file).size(), manifest_.files[file].bytes);
+  try {
+    headers_[file] = parse_header(file);
+  } catch (const Error& e) {
+    // A header that fails its checks in a file whose bytes changed since the save is reported
+    // as the corruption it is (one flipped bit turns "F32" into an unsupported dtype), and
+    // every rank that reads this header, whatever its share, reaches the same verdict.
+    const std::string mismatch = checksum_mismatch(file);
+    SHARDOPT_CHECK(mismatch.empty(), corrupt, "{} (and its header fails its checks: {})", mismatch, e.what());
+    throw;
+  }
+}
+
+SafetensorsHeader CheckpointReader::parse_header(std::size_t file) {
   const std::string path = file_path(file);
   const ManifestFile& f = manifest_.files[file];
-  InputFile& in = input(file);
-  check_size(path, in.size(), f.bytes);
-  SafetensorsHeader header = read_safetensors_header(in, f.bytes);
+  SafetensorsHeader header = read_safetensors_header(input(file), f.bytes);
   const int count = static_cast<int>(manifest_.files.size());
   for (const auto& [key, want] : shard_metadata(manifest_.save_id, static_cast<int>(file), count)) {
     const auto got = header.metadata.find(key);
@@ -93,15 +105,19 @@ void CheckpointReader::check_header(std::size_t file) {
     const bool named = std::any_of(expected.begin(), expected.end(), [&](const TensorEntry& e) { return e.name == t.name; });
     SHARDOPT_CHECK(named, corrupt, "'{}' holds tensor '{}', which the manifest does not name", path, t.name);
   }
-  headers_[file] = std::move(header);
+  return header;
+}
+
+std::string CheckpointReader::checksum_mismatch(std::size_t file) {
+  const uint32_t crc = input(file).crc32c_of_all(manifest_.files[file].bytes);
+  if (crc == manifest_.files[file].crc32c) return "";
+  return fmt::format("checkpoint '{}': shard file '{}' is corrupt: CRC32C {:08x}, the manifest says {:08x}", dir_,
+                     file_path(file), crc, manifest_.files[file].crc32c);
 }
 
 void CheckpointReader::verify_checksum(std::size_t file) {
-  const std::string path = file_path(file);
-  const uint32_t crc = input(file).crc32c_of_all(manifest_.files[file].bytes);
-  SHARDOPT_CHECK(crc == manifest_.files[file].crc32c, corrupt,
-                 "checkpoint '{}': shard file '{}' is corrupt: CRC32C {:08x}, the manifest says {:08x}", dir_, path,
-                 crc, manifest_.files[file].crc32c);
+  const std::string mismatch = checksum_mismatch(file);
+  SHARDOPT_CHECK(mismatch.empty(), corrupt, "{}", mismatch);
 }
 
 bool CheckpointReader::has_tensor(const std::string& tensor) const {

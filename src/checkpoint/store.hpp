@@ -35,7 +35,8 @@ class CheckpointReader {
   // Opens file `file`, checks its size, parses its header (read_safetensors_header) and checks
   // that it holds exactly what the manifest promises: the metadata of this save and index, and
   // the tensors "params" and every state kind of [shard_numel] elements, plus "frozen_params"
-  // in file 0 when there are frozen parameters, and nothing else. Done once per file.
+  // in file 0 when there are frozen parameters, and nothing else. Done once per file. When the
+  // header fails and the file's CRC32C differs too, the error is the CRC's (naming both).
   void check_header(std::size_t file);
   // Error(corrupt) naming the file when its CRC32C differs from the manifest's.
   void verify_checksum(std::size_t file);
@@ -60,6 +61,8 @@ class CheckpointReader {
   };
   int64_t tensor_start(std::size_t file, const std::string& tensor);
   InputFile& input(std::size_t file);
+  SafetensorsHeader parse_header(std::size_t file);
+  std::string checksum_mismatch(std::size_t file);  // empty when the CRC32C matches
   void enqueue(std::size_t file, int64_t file_offset, void* out, std::size_t bytes);
 
   std::string dir_;
