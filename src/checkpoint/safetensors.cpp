@@ -56,9 +56,10 @@ TensorEntry parse_tensor(const std::string& name, const nlohmann::json& value, c
 }  // namespace
 
 int64_t TensorEntry::numel() const {
-  int64_t n = 0, bytes = 0;
-  SHARDOPT_CHECK(shape_bytes(shape, &n, &bytes), corrupt, "tensor '{}': shape {} overflows a 64-bit size", name,
-                 shape_text(shape));
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    SHARDOPT_CHECK(checked_mul(n, d, &n), corrupt, "tensor '{}': shape {} overflows a 64-bit size", name, shape_text(shape));
+  }
   return n;
 }
 

@@ -214,6 +214,44 @@ TEST_CASE("every flipped bit of a manifest and of its shard files is refused by 
   world()->barrier();
 }
 
+TEST_CASE("a version-1 manifest is refused until shardopt-ckpt upgrade has checked its files and rewritten it",
+          "[checkpoint][corpus][upgrade]") {
+  const std::string dir = scratch("upgrade");
+  const std::string v1 = std::string(SHARDOPT_TEST_CORPUS) + "/mutants/manifest-version-1";
+  if (world()->rank() == 0) {
+    const std::string tool = SHARDOPT_CKPT_TOOL;
+    auto run = [&](const std::string& args) {
+      return std::system((tool + " " + args + " > " + dir + "/out.txt 2>&1").c_str());
+    };
+    fs::copy(v1, dir + "/good", fs::copy_options::recursive);
+    fs::copy(v1, dir + "/damaged", fs::copy_options::recursive);
+    const std::string victim = dir + "/damaged/" + shard_files(dir + "/damaged").at(1);
+    poke_byte(victim, fs::file_size(victim) - 1, static_cast<char>(file_bytes(victim).back() ^ 0x10));
+    const std::string manifest_v1 = file_bytes(dir + "/damaged/manifest.json");
+
+    REQUIRE(run("verify " + dir + "/good") != 0);
+    REQUIRE(file_bytes(dir + "/out.txt").find("format version 1, which carries no checksum") != std::string::npos);
+    // A shard file that does not match the old manifest: nothing is vouched for or rewritten.
+    REQUIRE(run("upgrade " + dir + "/damaged") != 0);
+    REQUIRE(file_bytes(dir + "/out.txt").find("is corrupt: CRC32C") != std::string::npos);
+    REQUIRE(file_bytes(dir + "/damaged/manifest.json") == manifest_v1);
+    REQUIRE(run("upgrade " + dir + "/good") == 0);
+    REQUIRE(file_bytes(dir + "/out.txt").find("upgraded to the current format version") != std::string::npos);
+    REQUIRE(run("verify " + dir + "/good") == 0);
+    REQUIRE(run("upgrade " + dir + "/good") == 0);
+    REQUIRE(file_bytes(dir + "/out.txt").find("already current, OK") != std::string::npos);
+    REQUIRE(read_checkpoint_info(dir + "/good").format_version == 2);
+  }
+  world()->barrier();
+  Model model(corpus_sizes(), 3);
+  auto opt = make_corpus_optimizer(world(), "adam", model);
+  opt->load(dir + "/good");
+  const auto [values, steps] = saved_state(std::string(SHARDOPT_TEST_CORPUS) + "/base-adam");
+  REQUIRE(bitwise_equal(all_params(*opt), values));
+  REQUIRE(all_steps(*opt) == steps);
+  world()->barrier();
+}
+
 // Not run by CTest: regenerates the checked-in corpus (tests/checkpoint/corpus/README.md).
 TEST_CASE("generate the corpus into $SHARDOPT_CORPUS_OUT", "[.generate_corpus]") {
   const char* out = std::getenv("SHARDOPT_CORPUS_OUT");
