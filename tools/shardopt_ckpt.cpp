@@ -1,4 +1,4 @@
-// tools/shardopt_ckpt.cpp — shardopt-ckpt: info, verify, export and reshard of sharded checkpoints, offline.
+// tools/shardopt_ckpt.cpp — shardopt-ckpt: info, verify, upgrade, export and reshard of sharded checkpoints, offline.
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,6 +14,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: shardopt-ckpt info DIR\n"
     "       shardopt-ckpt verify DIR\n"
+    "       shardopt-ckpt upgrade DIR      (a format-version-1 checkpoint, checked, to the current version)\n"
     "       shardopt-ckpt export DIR OUT.safetensors\n"
     "       shardopt-ckpt reshard DIR OUT_DIR --world N [--partition flat|sorted_greedy]\n";
 
@@ -69,6 +70,12 @@ int run(const std::vector<std::string>& args) {
   if (command == "verify" && args.size() == 2) {
     shardopt::verify_checkpoint(args[1], progress_bar());
     std::printf("%s: OK\n", args[1].c_str());
+    return 0;
+  }
+  if (command == "upgrade" && args.size() == 2) {
+    const bool rewritten = shardopt::upgrade_checkpoint(args[1], progress_bar());
+    std::printf(rewritten ? "%s: upgraded to the current format version\n" : "%s: already current, OK\n",
+                args[1].c_str());
     return 0;
   }
   if (command == "export" && args.size() == 3) {

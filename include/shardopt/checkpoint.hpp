@@ -58,17 +58,28 @@ struct CheckpointInfo {
   int64_t file_bytes = 0;  // shard files, manifest excluded
 };
 
-// Reads only the manifest (and checks it is consistent). Error(io) if there is none.
+// Every offline function below checks the checkpoint as a load does, by the same code: the
+// manifest's own checksum, format version and consistency (hyperparameters, state kinds,
+// segments, file names), and every shard file's presence, size, header (exactly the tensors
+// and metadata the manifest promises, laid out as the safetensors reference reader requires)
+// and CRC32C. The first problem raises Error(io/corrupt/unsupported) naming the file and field.
+
+// The summary of a checkpoint, after the full check above. Error(io) if there is none.
 SHARDOPT_API CheckpointInfo read_checkpoint_info(const std::string& dir);
 
 // Called as long offline operations advance: what is being done, and how far (done of total,
 // in bytes read). shardopt-ckpt draws a progress bar from it when stderr is a terminal.
 using CheckpointProgress = std::function<void(const char* stage, int64_t done, int64_t total)>;
 
-// Checks everything a load would: manifest, every shard file's presence, size, header and
-// CRC32C. Raises the first problem (Error io/corrupt/unsupported naming the file).
+// The full check above and nothing else: what verifies loads, and what loads verifies.
 SHARDOPT_API void verify_checkpoint(const std::string& dir,
                        const CheckpointProgress& progress = {});
+
+// Manifests of format version 1 carry no checksum of their own and are refused by everything
+// above. This checks every shard file against such a manifest (size, header, CRC32C) and the
+// manifest's consistency, then rewrites it, atomically, in the current version. Returns
+// whether it rewrote anything (false: the checkpoint was current and verifies).
+SHARDOPT_API bool upgrade_checkpoint(const std::string& dir, const CheckpointProgress& progress = {});
 
 // Writes one safetensors file with every parameter ("param.<name>") and its optimizer state
 // ("state.<name>.<kind>") in global parameter order, steps and groups in the metadata. The

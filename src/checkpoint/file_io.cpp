@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -47,6 +48,28 @@ void make_directories(const std::string& dir) {
 }
 
 bool file_exists(const std::string& path) { return file_size_or_missing(path) >= 0; }
+
+bool directory_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool can_open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    return true;
+  }
+  if (errno == ENOENT) return false;
+  raise(ErrorCode::io, "cannot open '{}': {}", path, reason());
+}
+
+std::string absolute_path(const std::string& path) {
+  std::unique_ptr<char, void (*)(void*)> resolved(::realpath(path.c_str(), nullptr), std::free);
+  return resolved ? std::string(resolved.get()) : path;
+}
+
+void remove_directory_if_empty(const std::string& dir) { ::rmdir(dir.c_str()); }
 
 int64_t file_size_or_missing(const std::string& path) {
   struct stat st {};
@@ -180,6 +203,12 @@ void InputFile::read_at(int64_t offset, void* out, std::size_t bytes) const {
     offset += n;
     bytes -= static_cast<std::size_t>(n);
   }
+}
+
+int64_t InputFile::size() const {
+  struct stat st {};
+  SHARDOPT_CHECK(::fstat(fd_, &st) == 0, io, "cannot stat '{}': {}", path_, reason());
+  return static_cast<int64_t>(st.st_size);
 }
 
 uint32_t InputFile::crc32c_of_all(int64_t size) const {

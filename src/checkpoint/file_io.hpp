@@ -17,6 +17,14 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoints assume a l
 std::string join_path(const std::string& dir, const std::string& name);
 void make_directories(const std::string& dir);
 bool file_exists(const std::string& path);
+bool directory_exists(const std::string& path);
+// Whether `path` opens for reading (false when it does not exist). An open, not a stat: on a
+// networked filesystem it revalidates what this client cached about files others created.
+bool can_open(const std::string& path);
+// `path` made absolute and free of links when it exists (messages: relative paths from other
+// working directories are a common way for ranks to miss each other's files); else `path`.
+std::string absolute_path(const std::string& path);
+void remove_directory_if_empty(const std::string& dir);  // never raises, like remove_file_if_present
 // -1 when the file does not exist.
 int64_t file_size_or_missing(const std::string& path);
 std::string read_whole_file(const std::string& path);
@@ -63,6 +71,7 @@ class InputFile {
   void read_at(int64_t offset, void* out, std::size_t bytes) const;
   // CRC32C of the whole file, streamed in large blocks.
   uint32_t crc32c_of_all(int64_t size) const;
+  int64_t size() const;  // of the open file (fstat), not of whatever the path names now
   const std::string& path() const { return path_; }
 
  private:

@@ -1,14 +1,16 @@
-// src/checkpoint/manifest.cpp — manifest.json encoding, parsing and consistency checks.
+// src/checkpoint/manifest.cpp — manifest.json: encoding with its own checksum, and strict parsing.
 #include "checkpoint/manifest.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cmath>
+#include <optional>
 
+#include "checkpoint/checked_int.hpp"
+#include "checkpoint/crc32c.hpp"
 #include "checkpoint/file_io.hpp"
+#include "checkpoint/json_reader.hpp"
 #include "core/check.hpp"
-#include "optim/state_kinds.hpp"
 
 namespace shardopt {
 namespace checkpoint {
@@ -17,6 +19,14 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 constexpr const char* kFormatName = "shardopt-checkpoint";
+// The manifest's own checksum: the last member, written by hand after the body so that the
+// CRC covers every byte before its digits (the key included) and nothing may follow them.
+constexpr const char* kChecksumLead = ",\n \"manifest_crc32c\": \"";
+constexpr const char* kChecksumTail = "\"\n}\n";
+constexpr std::size_t kChecksumDigits = 8;
+// No real manifest comes near this (a million parameters take ~200 MB); a larger file is
+// refused before it is read into memory.
+constexpr int64_t kMaxManifestBytes = int64_t{1} << 30;
 
 ojson hyper_to_json(const Hyperparams& h) {
   return ojson{{"lr", h.lr},
@@ -31,26 +41,27 @@ ojson hyper_to_json(const Hyperparams& h) {
                {"amsgrad", h.amsgrad}};
 }
 
-Hyperparams hyper_from_json(const nlohmann::json& j) {
+Hyperparams hyper_from_json(const JsonObject& j) {
+  j.only({"lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening", "nesterov", "maximize", "amsgrad"});
   Hyperparams h;
-  h.lr = j.at("lr").get<double>();
-  h.beta1 = j.at("beta1").get<double>();
-  h.beta2 = j.at("beta2").get<double>();
-  h.eps = j.at("eps").get<double>();
-  h.weight_decay = j.at("weight_decay").get<double>();
-  h.momentum = j.at("momentum").get<double>();
-  h.dampening = j.at("dampening").get<double>();
-  h.nesterov = j.at("nesterov").get<bool>();
-  h.maximize = j.at("maximize").get<bool>();
-  h.amsgrad = j.at("amsgrad").get<bool>();
+  h.lr = j.number("lr");
+  h.beta1 = j.number("beta1");
+  h.beta2 = j.number("beta2");
+  h.eps = j.number("eps");
+  h.weight_decay = j.number("weight_decay");
+  h.momentum = j.number("momentum");
+  h.dampening = j.number("dampening");
+  h.nesterov = j.boolean("nesterov");
+  h.maximize = j.boolean("maximize");
+  h.amsgrad = j.boolean("amsgrad");
   return h;
 }
 
-DType dtype_from_name(const std::string& name, const std::string& path) {
+DType dtype_from_name(const std::string& name, const std::string& path, const std::string& field) {
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
     if (name == dtype_name(d)) return d;
   }
-  raise(ErrorCode::corrupt, "'{}': unknown dtype '{}'", path, name);
+  raise(ErrorCode::corrupt, "'{}': {} is '{}', not a dtype", path, field, name);
 }
 
 partition::Strategy strategy_from_name(const std::string& name, const std::string& path) {
@@ -67,54 +78,108 @@ Algorithm algorithm_from_name(const std::string& name, const std::string& path) 
   raise(ErrorCode::corrupt, "'{}': unknown algorithm '{}'", path, name);
 }
 
-// Every trainable param must be covered exactly once by the segments of all files, and
-// frozen params not at all: otherwise a load would leave holes or read garbage.
-void check_consistency(const Manifest& m, const std::string& path) {
-  SHARDOPT_CHECK(m.world_size >= 1, corrupt, "'{}': world_size {} is not positive", path, m.world_size);
-  const std::size_t expected_files =
-      m.partition == partition::Strategy::replicated ? 1 : static_cast<std::size_t>(m.world_size);
-  SHARDOPT_CHECK(m.files.size() == expected_files, corrupt, "'{}': {} shard files listed, expected {}", path,
-                 m.files.size(), expected_files);
-  for (const std::string& kind : m.state_kinds) {
-    SHARDOPT_CHECK(std::find(std::begin(optim::kStateNames), std::end(optim::kStateNames), kind) != std::end(optim::kStateNames),
-                   corrupt, "'{}': unknown state kind '{}'", path, kind);
+const nlohmann::json& array_at(const JsonObject& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  SHARDOPT_CHECK(v.is_array(), corrupt, "'{}': {} is {}, not a list", j.path(), j.name(key), json_excerpt(v));
+  return v;
+}
+
+// The checksum at the end of `text`: where its digits start and the value they hold; nullopt
+// when the file does not end as a version-2 manifest does.
+std::optional<std::pair<std::size_t, uint32_t>> find_checksum(const std::string& text) {
+  const std::string lead = kChecksumLead, tail = kChecksumTail;
+  if (text.size() < lead.size() + kChecksumDigits + tail.size()) return std::nullopt;
+  const std::size_t digits = text.size() - tail.size() - kChecksumDigits;
+  if (text.compare(digits + kChecksumDigits, tail.size(), tail) != 0) return std::nullopt;
+  if (text.compare(digits - lead.size(), lead.size(), lead) != 0) return std::nullopt;
+  uint32_t value = 0;
+  for (std::size_t i = 0; i < kChecksumDigits; ++i) {
+    const char c = text[digits + i];
+    const bool digit = c >= '0' && c <= '9', hex = c >= 'a' && c <= 'f';
+    if (!digit && !hex) return std::nullopt;
+    value = value * 16 + static_cast<uint32_t>(digit ? c - '0' : c - 'a' + 10);
   }
-  for (std::size_t i = 0; i < m.params.size(); ++i) {
-    const ManifestParam& p = m.params[i];
-    SHARDOPT_CHECK(p.numel >= 0 && p.step >= 0, corrupt, "'{}': parameter '{}' has a negative numel or step", path, p.name);
-    SHARDOPT_CHECK(p.group >= 0 && static_cast<std::size_t>(p.group) < m.groups.size(), corrupt,
-                   "'{}': parameter '{}' is in group {} but there are {} groups", path, p.name, p.group, m.groups.size());
+  return std::make_pair(digits, value);
+}
+
+Manifest manifest_from_json(const nlohmann::json& json, const std::string& path, int version) {
+  const JsonObject j(json, path, "");
+  if (version >= 2) {
+    j.only({"format", "format_version", "generation", "save_id", "world_size", "partition", "alignment", "algorithm",
+            "state_kinds", "loss_scaling", "groups", "params", "files", "manifest_crc32c"});
   }
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> pieces(m.params.size());
-  for (const ManifestFile& f : m.files) {
-    SHARDOPT_CHECK(f.shard_numel >= 0 && f.bytes >= 0, corrupt, "'{}': file '{}' has a negative size", path, f.name);
-    SHARDOPT_CHECK(f.name.find('/') == std::string::npos && !f.name.empty() && f.name[0] != '.', corrupt,
-                   "'{}': shard file name '{}' is not a plain file name", path, f.name);
-    for (const partition::Segment& s : f.segments) {
-      SHARDOPT_CHECK(s.param >= 0 && static_cast<std::size_t>(s.param) < m.params.size(), corrupt,
-                     "'{}': file '{}' has a segment of parameter #{} (there are {})", path, f.name, s.param, m.params.size());
-      const ManifestParam& p = m.params[static_cast<std::size_t>(s.param)];
-      SHARDOPT_CHECK(s.length >= 0 && s.param_offset >= 0 && s.shard_offset >= 0 &&
-                         s.param_offset + s.length <= p.numel && s.shard_offset + s.length <= f.shard_numel,
-                     corrupt, "'{}': file '{}' has a segment of '{}' outside the parameter or the shard", path, f.name, p.name);
-      SHARDOPT_CHECK(p.trainable || s.length == 0, corrupt, "'{}': frozen parameter '{}' has a segment in '{}'", path,
-                     p.name, f.name);
-      if (s.length > 0) pieces[static_cast<std::size_t>(s.param)].emplace_back(s.param_offset, s.length);
+  Manifest m;
+  m.format_version = version;
+  m.generation = j.unsigned_integer("generation", UINT64_MAX);
+  m.save_id = j.string("save_id");
+  m.world_size = static_cast<int>(j.integer("world_size", 1, kMaxWorldSize));
+  m.partition = strategy_from_name(j.string("partition"), path);
+  m.alignment = j.integer("alignment", 1, kMaxElements);
+  m.algorithm = algorithm_from_name(j.string("algorithm"), path);
+  const nlohmann::json& kinds = array_at(j, "state_kinds");
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    SHARDOPT_CHECK(kinds[k].is_string(), corrupt, "'{}': state_kinds[{}] is {}, not a string", path, k,
+                   json_excerpt(kinds[k]));
+    m.state_kinds.push_back(kinds[k].get<std::string>());
+  }
+  if (j.has("loss_scaling")) {
+    const JsonObject scaling(j.at("loss_scaling"), path, "loss_scaling");
+    scaling.only({"scale", "growth_tracker"});
+    m.has_loss_scale = true;
+    m.loss_scale = scaling.number("scale");
+    m.growth_tracker = scaling.integer("growth_tracker", 0, INT64_MAX);
+  }
+  const nlohmann::json& groups = array_at(j, "groups");
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    m.groups.push_back(hyper_from_json(JsonObject(groups[g], path, fmt::format("groups[{}]", g))));
+  }
+  const nlohmann::json& params = array_at(j, "params");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const JsonObject p(params[i], path, fmt::format("params[{}]", i));
+    p.only({"name", "numel", "dtype", "group", "trainable", "step", "has_momentum_buffer"});
+    ManifestParam r;
+    r.name = p.string("name");
+    r.numel = p.integer("numel", 0, kMaxElements);
+    r.dtype = dtype_from_name(p.string("dtype"), path, p.name("dtype"));
+    r.group = static_cast<int32_t>(p.integer("group", 0, INT32_MAX));
+    r.trainable = p.boolean("trainable");
+    r.step = p.integer("step", 0, INT64_MAX);
+    r.has_momentum_buffer = p.boolean("has_momentum_buffer");
+    m.params.push_back(std::move(r));
+  }
+  const nlohmann::json& files = array_at(j, "files");
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const JsonObject f(files[i], path, fmt::format("files[{}]", i));
+    f.only({"name", "bytes", "crc32c", "shard_numel", "segments"});
+    ManifestFile r;
+    r.name = f.string("name");
+    r.bytes = f.integer("bytes", 0, INT64_MAX);
+    r.crc32c = static_cast<uint32_t>(f.unsigned_integer("crc32c", UINT32_MAX));
+    r.shard_numel = f.integer("shard_numel", 0, kMaxElements);
+    const nlohmann::json& segments = array_at(f, "segments");
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      const std::string field = fmt::format("files[{}].segments[{}]", i, s);
+      const nlohmann::json& v = segments[s];
+      SHARDOPT_CHECK(v.is_array() && v.size() == 4, corrupt,
+                     "'{}': {} is {}, not [param, param_offset, shard_offset, length]", path, field, json_excerpt(v));
+      partition::Segment seg;
+      seg.param = static_cast<int32_t>(json_integer(v[0], 0, INT32_MAX, path, field + " param"));
+      seg.param_offset = json_integer(v[1], 0, kMaxElements, path, field + " param_offset");
+      seg.shard_offset = json_integer(v[2], 0, kMaxElements, path, field + " shard_offset");
+      seg.length = json_integer(v[3], 0, kMaxElements, path, field + " length");
+      r.segments.push_back(seg);
     }
+    m.files.push_back(std::move(r));
   }
-  for (std::size_t i = 0; i < m.params.size(); ++i) {
-    if (!m.params[i].trainable) continue;
-    auto& list = pieces[i];
-    std::sort(list.begin(), list.end());
-    int64_t next = 0;
-    for (const auto& [offset, length] : list) {
-      SHARDOPT_CHECK(offset == next, corrupt, "'{}': the segments of '{}' {} at element {}", path, m.params[i].name,
-                     offset < next ? "overlap" : "leave a hole", std::min(offset, next));
-      next += length;
-    }
-    SHARDOPT_CHECK(next == m.params[i].numel, corrupt, "'{}': the segments of '{}' cover {} of its {} elements", path,
-                   m.params[i].name, next, m.params[i].numel);
-  }
+  return m;
+}
+
+// The format version `json` claims, or 0 when it does not look like a manifest at all.
+int claimed_version(const nlohmann::json& json) {
+  if (!json.is_object() || json.value("format", std::string()) != kFormatName) return 0;
+  const auto it = json.find("format_version");
+  if (it == json.end() || !it->is_number_unsigned() || it->get<uint64_t>() > INT32_MAX) return 0;
+  return static_cast<int>(it->get<uint64_t>());
 }
 
 }  // namespace
@@ -143,7 +208,7 @@ const char* strategy_name(partition::Strategy strategy) {
 std::string manifest_to_json(const Manifest& m) {
   ojson j;
   j["format"] = kFormatName;
-  j["format_version"] = m.format_version;
+  j["format_version"] = kFormatVersion;
   j["generation"] = m.generation;
   j["save_id"] = m.save_id;
   j["world_size"] = m.world_size;
@@ -176,76 +241,77 @@ std::string manifest_to_json(const Manifest& m) {
                                {"shard_numel", f.shard_numel},
                                {"segments", std::move(segments)}});
   }
-  return j.dump(1) + "\n";
+  // dump(1) ends the object with "\n}": the checksum member replaces that end.
+  std::string text = j.dump(1);
+  SHARDOPT_CHECK(text.size() >= 2 && text.compare(text.size() - 2, 2, "\n}") == 0, internal,
+                 "manifest_to_json: unexpected end of the encoded manifest");
+  text.resize(text.size() - 2);
+  text += kChecksumLead;
+  const uint32_t crc = crc32c_update(0, text.data(), text.size());
+  return text + fmt::format("{:08x}", crc) + kChecksumTail;
 }
 
-Manifest parse_manifest(const std::string& text, const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    raise(ErrorCode::corrupt, "'{}' is not valid JSON ({})", path, e.what());
+Manifest parse_manifest(const std::string& text, const std::string& path, bool accept_version_1) {
+  const auto checksum = find_checksum(text);
+  int version = 0;
+  nlohmann::json json;
+  if (checksum) {
+    // Checked before anything is read from the file: a changed byte, the version included,
+    // is reported as the corruption it is.
+    const uint32_t computed = crc32c_update(0, text.data(), checksum->first);
+    SHARDOPT_CHECK(computed == checksum->second, corrupt,
+                   "'{}' is corrupt: its manifest_crc32c says {:08x} but its contents hash to {:08x} (changed after it "
+                   "was written)",
+                   path, checksum->second, computed);
+    json = parse_json_strict(text, path, "the manifest");
+    const JsonObject j(json, path, "");
+    SHARDOPT_CHECK(j.has("format") && j.string("format") == kFormatName, corrupt,
+                   "'{}' is not a shardopt checkpoint manifest (no \"format\": \"{}\")", path, kFormatName);
+    version = static_cast<int>(j.integer("format_version", 1, INT32_MAX));
+    SHARDOPT_CHECK(version <= kFormatVersion, unsupported,
+                   "'{}' has format version {}, newer than this shardopt reads (up to {}): upgrade shardopt", path,
+                   version, kFormatVersion);
+    SHARDOPT_CHECK(version == kFormatVersion, corrupt, "'{}' says format version {} but carries a version-{} checksum",
+                   path, version, kFormatVersion);
+    SHARDOPT_CHECK(j.string("manifest_crc32c") == text.substr(checksum->first, kChecksumDigits), internal,
+                   "'{}': the checksum member and the file's end differ", path);
+  } else {
+    // No checksum at the end: another format version, or a damaged file. The version, when it
+    // can be read at all, says which.
+    try {
+      json = parse_json_strict(text, path, "the manifest");
+      version = claimed_version(json);
+    } catch (const Error&) {
+      version = 0;
+    }
+    SHARDOPT_CHECK(version <= kFormatVersion, unsupported,
+                   "'{}' has format version {}, newer than this shardopt reads (up to {}): upgrade shardopt", path,
+                   version, kFormatVersion);
+    SHARDOPT_CHECK(version != 1 || accept_version_1, unsupported,
+                   "'{}' has format version 1, which carries no checksum of its own and is no longer loaded: "
+                   "`shardopt-ckpt upgrade` checks every shard file against it and rewrites it as version {}",
+                   path, kFormatVersion);
+    SHARDOPT_CHECK(version == 1, corrupt,
+                   "'{}' is corrupt: it does not end with its checksum (\"manifest_crc32c\": \"<8 hex digits>\"), "
+                   "so it was truncated or changed after it was written",
+                   path);
   }
   Manifest m;
   try {
-    SHARDOPT_CHECK(j.is_object() && j.value("format", std::string()) == kFormatName, corrupt,
-                   "'{}' is not a shardopt checkpoint manifest (no \"format\": \"{}\")", path, kFormatName);
-    m.format_version = j.at("format_version").get<int>();
-    SHARDOPT_CHECK(m.format_version <= kFormatVersion, unsupported,
-                   "'{}' has format version {}, newer than this shardopt reads (up to {}): upgrade shardopt", path,
-                   m.format_version, kFormatVersion);
-    SHARDOPT_CHECK(m.format_version >= 1, corrupt, "'{}' has invalid format version {}", path, m.format_version);
-    m.generation = j.at("generation").get<uint64_t>();
-    m.save_id = j.at("save_id").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
-    m.partition = strategy_from_name(j.at("partition").get<std::string>(), path);
-    m.alignment = j.at("alignment").get<int64_t>();
-    m.algorithm = algorithm_from_name(j.at("algorithm").get<std::string>(), path);
-    m.state_kinds = j.at("state_kinds").get<std::vector<std::string>>();
-    if (j.contains("loss_scaling")) {
-      m.has_loss_scale = true;
-      m.loss_scale = j.at("loss_scaling").at("scale").get<double>();
-      m.growth_tracker = j.at("loss_scaling").at("growth_tracker").get<int64_t>();
-      SHARDOPT_CHECK(std::isfinite(m.loss_scale) && m.loss_scale > 0 && m.growth_tracker >= 0, corrupt,
-                     "'{}': loss_scaling holds scale {} and growth_tracker {}", path, m.loss_scale, m.growth_tracker);
-    }
-    for (const auto& g : j.at("groups")) m.groups.push_back(hyper_from_json(g));
-    for (const auto& p : j.at("params")) {
-      ManifestParam r;
-      r.name = p.at("name").get<std::string>();
-      r.numel = p.at("numel").get<int64_t>();
-      r.dtype = dtype_from_name(p.at("dtype").get<std::string>(), path);
-      r.group = p.at("group").get<int32_t>();
-      r.trainable = p.at("trainable").get<bool>();
-      r.step = p.at("step").get<int64_t>();
-      r.has_momentum_buffer = p.at("has_momentum_buffer").get<bool>();
-      m.params.push_back(std::move(r));
-    }
-    for (const auto& f : j.at("files")) {
-      ManifestFile r;
-      r.name = f.at("name").get<std::string>();
-      r.bytes = f.at("bytes").get<int64_t>();
-      r.crc32c = f.at("crc32c").get<uint32_t>();
-      r.shard_numel = f.at("shard_numel").get<int64_t>();
-      for (const auto& s : f.at("segments")) {
-        const auto v = s.get<std::vector<int64_t>>();
-        SHARDOPT_CHECK(v.size() == 4, corrupt, "'{}': a segment of '{}' needs 4 numbers", path, r.name);
-        SHARDOPT_CHECK(v[0] >= 0 && v[0] <= INT32_MAX, corrupt, "'{}': segment parameter index {} out of range", path, v[0]);
-        r.segments.push_back(partition::Segment{static_cast<int32_t>(v[0]), v[1], v[2], v[3]});
-      }
-      m.files.push_back(std::move(r));
-    }
+    m = manifest_from_json(json, path, version);
   } catch (const nlohmann::json::exception& e) {
     raise(ErrorCode::corrupt, "'{}' is malformed: {}", path, e.what());
   }
-  check_consistency(m, path);
+  check_manifest(m, path);
   return m;
 }
 
-Manifest read_manifest(const std::string& dir) {
+Manifest read_manifest(const std::string& dir, bool accept_version_1) {
   const std::string path = join_path(dir, kManifestName);
-  SHARDOPT_CHECK(file_exists(path), io, "no checkpoint in '{}': '{}' is missing", dir, path);
-  return parse_manifest(read_whole_file(path), path);
+  const int64_t size = file_size_or_missing(path);
+  SHARDOPT_CHECK(size >= 0, io, "no checkpoint in '{}': '{}' is missing", dir, path);
+  SHARDOPT_CHECK(size <= kMaxManifestBytes, corrupt, "'{}' is {} bytes, more than any manifest (corrupt?)", path, size);
+  return parse_manifest(read_whole_file(path), path, accept_version_1);
 }
 
 std::string params_summary_json(const Manifest& m) {

@@ -5,6 +5,12 @@
 // values of that shard) and one tensor per entry of state_kinds; files[0] also holds
 // "frozen_params": the frozen parameters concatenated in registration order. files[i].segments
 // say which parameter pieces sit where in the shard, exactly as partition::Segment does.
+//
+// Format version 2 protects the manifest itself: its last member, "manifest_crc32c", holds the
+// CRC32C (8 hex digits) of every byte of the file before those digits, and the file ends right
+// after them ("\"\n}\n"). Any changed, added or removed byte is refused; the file stays plain
+// JSON for other readers. Version 1 manifests had no such checksum: they are refused, and
+// `shardopt-ckpt upgrade` rewrites them after checking every shard file against them.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +23,12 @@
 namespace shardopt {
 namespace checkpoint {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
+// The shard files' own layout (and the consolidated export's) did not change with version 2.
+constexpr int kShardFormatVersion = 1;
 constexpr const char* kManifestName = "manifest.json";
+// Far above any real job; bounds the number of shard files a manifest may list.
+constexpr int kMaxWorldSize = 1 << 24;
 constexpr const char* kParamsTensor = "params";
 constexpr const char* kFrozenTensor = "frozen_params";
 
@@ -62,13 +72,21 @@ struct Manifest {
 };
 
 const char* strategy_name(partition::Strategy strategy);
+// The manifest's text in the current format version, its checksum last.
 std::string manifest_to_json(const Manifest& manifest);
-// Parses and checks `text` (read from `path`, named in errors): a newer format version is
-// Error(unsupported); anything malformed or inconsistent (segments that do not tile every
-// trainable parameter exactly once, indices out of range) is Error(corrupt).
-Manifest parse_manifest(const std::string& text, const std::string& path);
+// Parses and checks `text` (read from `path`, named in errors): the checksum first (any change
+// is Error(corrupt)), then the format version (a newer one, or version 1, is
+// Error(unsupported)), every field's type and range, and check_manifest(). With
+// `accept_version_1` (the upgrade only), a version-1 manifest without a checksum is read too.
+Manifest parse_manifest(const std::string& text, const std::string& path, bool accept_version_1 = false);
 // Error(io) naming the path when the directory has no manifest.
-Manifest read_manifest(const std::string& dir);
+Manifest read_manifest(const std::string& dir, bool accept_version_1 = false);
+// manifest_check.cpp: everything a manifest must satisfy on its own, so that a load can trust
+// it: sizes within kMaxElements, one dtype, hyperparameters a step accepts, state kinds that
+// the algorithm has and its groups need (in canonical order), shard files named as this save
+// names them, segments inside their parameter and shard, disjoint within a shard and tiling
+// every trainable parameter exactly once. Error(corrupt) naming `path` and the field.
+void check_manifest(const Manifest& manifest, const std::string& path);
 // For the consolidated export's metadata: the params (name, numel, dtype, group, trainable,
 // step, has_momentum_buffer) and the groups (hyperparameters, param indices) as compact JSON,
 // free of anything that depends on the world size or the save.

@@ -2,8 +2,9 @@
 #include <algorithm>
 
 #include "checkpoint/optimizer_parts.hpp"
-#include "core/check.hpp"
 #include "checkpoint/store.hpp"
+#include "checkpoint/validate.hpp"
+#include "core/check.hpp"
 #include "shardopt/checkpoint.hpp"
 
 namespace shardopt {
@@ -12,20 +13,10 @@ namespace {
 // Bounds the memory of export and reshard: they stream any checkpoint through this buffer.
 constexpr int64_t kChunkElements = int64_t{4} << 20;
 
-// Opens `dir` after checking every file's size, header and checksum, reporting bytes checked.
+// Every offline operation opens the checkpoint through the one validation path, reading every
+// file in full: what it reports, exports or reshards is what a load would accept.
 checkpoint::CheckpointReader open_verified(const std::string& dir, const CheckpointProgress& progress) {
-  checkpoint::CheckpointReader reader(dir, checkpoint::read_manifest(dir));
-  reader.check_file_sizes();
-  const int64_t total = reader.manifest().total_file_bytes();
-  int64_t done = 0;
-  for (std::size_t f = 0; f < reader.manifest().files.size(); ++f) {
-    if (progress) progress("verify", done, total);
-    reader.check_header(f);
-    reader.verify_checksum(f);
-    done += reader.manifest().files[f].bytes;
-  }
-  if (progress) progress("verify", total, total);
-  return reader;
+  return checkpoint::open_checked_checkpoint(dir, checkpoint::FileShare{}, progress);
 }
 
 // Streams elements [offset, offset + length) of `param`'s `tensor` from the reader to the writer.
@@ -50,7 +41,8 @@ std::string parent_directory(const std::string& path) {
 }  // namespace
 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
-  const checkpoint::Manifest m = checkpoint::read_manifest(dir);
+  const checkpoint::CheckpointReader reader = open_verified(dir, {});
+  const checkpoint::Manifest& m = reader.manifest();
   CheckpointInfo info;
   info.format_version = m.format_version;
   info.save_id = m.save_id;
@@ -89,7 +81,7 @@ void export_checkpoint(const std::string& dir, const std::string& out_file, cons
   }
   const std::map<std::string, std::string> metadata = {
       {"format", "shardopt-consolidated"},
-      {"format_version", std::to_string(checkpoint::kFormatVersion)},
+      {"format_version", std::to_string(checkpoint::kShardFormatVersion)},
       {"algorithm", algorithm_name(m.algorithm)},
       {"params", checkpoint::params_summary_json(m)},
       {"param_groups", checkpoint::groups_summary_json(m)}};
@@ -136,6 +128,7 @@ void reshard_checkpoint(const std::string& dir, const std::string& out_dir, cons
 
   checkpoint::make_directories(out_dir);
   checkpoint::Manifest next = old;
+  next.format_version = checkpoint::kFormatVersion;
   std::tie(next.generation, next.save_id) = checkpoint::next_save_identity(out_dir);
   next.world_size = options.world_size;
   next.partition = strategy;
@@ -179,9 +172,25 @@ void reshard_checkpoint(const std::string& dir, const std::string& out_dir, cons
     file.segments = shard.segments;
     next.files.push_back(std::move(file));
   }
+  // The same proof a save makes before it commits.
+  checkpoint::check_manifest(next, checkpoint::join_path(out_dir, checkpoint::kManifestName) + " (about to be written)");
+  checkpoint::CheckpointReader written(out_dir, next);
+  checkpoint::check_checkpoint_files(written);
   checkpoint::commit_manifest(out_dir, next);
   checkpoint::remove_unreferenced_files(out_dir, next);
   if (progress) progress("reshard", options.world_size, options.world_size);
+}
+
+bool upgrade_checkpoint(const std::string& dir, const CheckpointProgress& progress) {
+  checkpoint::Manifest m = checkpoint::read_manifest(dir, /*accept_version_1=*/true);
+  // Every check but the manifest's own checksum, which version 1 lacks: every shard file must
+  // match the sizes, headers and CRC32Cs the old manifest states before it is vouched for.
+  checkpoint::CheckpointReader reader(dir, m);
+  checkpoint::check_checkpoint_files(reader, checkpoint::FileShare{}, progress);
+  if (m.format_version == checkpoint::kFormatVersion) return false;
+  m.format_version = checkpoint::kFormatVersion;
+  checkpoint::commit_manifest(dir, m);
+  return true;
 }
 
 }  // namespace shardopt

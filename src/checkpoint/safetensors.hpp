@@ -20,6 +20,8 @@ struct TensorEntry {
   std::vector<int64_t> shape;  // empty shape = scalar
   int64_t begin = 0;           // byte offsets within the data section
   int64_t end = 0;
+  // The product of the shape; Error(corrupt) naming the tensor when it overflows (a header
+  // read from a file has been checked already, so this never throws for one).
   int64_t numel() const;
 };
 
@@ -30,14 +32,17 @@ std::string encode_safetensors_header(std::vector<TensorEntry>& tensors,
 
 struct SafetensorsHeader {
   int64_t data_start = 0;  // file offset of the data section
-  std::vector<TensorEntry> tensors;
+  std::vector<TensorEntry> tensors;  // sorted by offset
   std::map<std::string, std::string> metadata;
   const TensorEntry* find(const std::string& name) const;  // null when absent
 };
 
-// Parses and checks the header of `file` (of `file_size` bytes): F32 only, offsets inside the
-// data section, sizes matching shapes, the data section ending exactly at the end of the file.
-// Error(corrupt) naming the file otherwise.
+// Parses and checks the header of `file` (of `file_size` bytes) as the reference reader does:
+// a header length within the file and at most 100 MiB, JSON without duplicate keys, string
+// metadata, F32 only (Error(unsupported) otherwise), integer shapes and offsets, and tensors
+// that, sorted by offset, are contiguous, do not overlap, match their shapes' sizes and cover
+// the data section exactly; every product and sum checked for overflow. Error(corrupt) naming
+// the file and the tensor otherwise.
 SafetensorsHeader read_safetensors_header(const InputFile& file, int64_t file_size);
 
 }  // namespace checkpoint

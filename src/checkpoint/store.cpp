@@ -5,10 +5,20 @@
 #include <cstdlib>
 #include <random>
 
+#include <fmt/ranges.h>
+
 #include "core/check.hpp"
 
 namespace shardopt {
 namespace checkpoint {
+namespace {
+
+void check_size(const std::string& path, int64_t size, int64_t expected) {
+  SHARDOPT_CHECK(size == expected, corrupt, "shard file '{}' has {} bytes but the manifest says {} ({})", path, size,
+                 expected, size < expected ? "truncated" : "extra bytes");
+}
+
+}  // namespace
 
 // ---- CheckpointReader -------------------------------------------------------------------------
 
@@ -39,44 +49,75 @@ std::string CheckpointReader::file_path(std::size_t file) const {
   return join_path(dir_, manifest_.files[file].name);
 }
 
-void CheckpointReader::check_file_sizes() const {
-  for (std::size_t f = 0; f < manifest_.files.size(); ++f) {
-    const std::string path = file_path(f);
-    const int64_t size = file_size_or_missing(path);
-    SHARDOPT_CHECK(size >= 0, io, "checkpoint '{}': shard file '{}' is missing", dir_, path);
-    SHARDOPT_CHECK(size == manifest_.files[f].bytes, corrupt,
-                   "checkpoint '{}': shard file '{}' has {} bytes but the manifest says {} ({})", dir_, path, size,
-                   manifest_.files[f].bytes, size < manifest_.files[f].bytes ? "truncated" : "extra bytes");
-  }
+void CheckpointReader::check_present(std::size_t file) const {
+  const std::string path = file_path(file);
+  const int64_t size = file_size_or_missing(path);
+  SHARDOPT_CHECK(size >= 0, io, "checkpoint '{}': shard file '{}' is missing", dir_, path);
+  check_size(path, size, manifest_.files[file].bytes);
+}
+
+InputFile& CheckpointReader::input(std::size_t file) {
+  if (!files_[file]) files_[file] = std::make_unique<InputFile>(file_path(file));
+  return *files_[file];
 }
 
 void CheckpointReader::check_header(std::size_t file) {
   if (headers_[file]) return;
-  if (!files_[file]) files_[file] = std::make_unique<InputFile>(file_path(file));
-  SafetensorsHeader header = read_safetensors_header(*files_[file], manifest_.files[file].bytes);
-  const std::string path = file_path(file);
-  auto expect = [&](const std::string& name, int64_t numel) {
-    const TensorEntry* t = header.find(name);
-    SHARDOPT_CHECK(t != nullptr, corrupt, "'{}' has no tensor '{}' (the manifest says it should)", path, name);
-    SHARDOPT_CHECK(t->numel() == numel, corrupt, "'{}': tensor '{}' has {} elements, the manifest says {}", path,
-                   name, t->numel(), numel);
-  };
-  expect(kParamsTensor, manifest_.files[file].shard_numel);
-  for (const std::string& kind : manifest_.state_kinds) expect(kind, manifest_.files[file].shard_numel);
-  if (file == 0 && manifest_.frozen_numel() > 0) expect(kFrozenTensor, manifest_.frozen_numel());
-  const auto id = header.metadata.find("save_id");
-  SHARDOPT_CHECK(id != header.metadata.end() && id->second == manifest_.save_id, corrupt,
-                 "'{}' belongs to another save than the manifest's ('{}')", path, manifest_.save_id);
-  headers_[file] = std::move(header);
+  check_size(file_path(file), input(file).size(), manifest_.files[file].bytes);
+  try {
+    headers_[file] = parse_header(file);
+  } catch (const Error& e) {
+    // A header that fails its checks in a file whose bytes changed since the save is reported
+    // as the corruption it is (one flipped bit turns "F32" into an unsupported dtype), and
+    // every rank that reads this header, whatever its share, reaches the same verdict.
+    const std::string mismatch = checksum_mismatch(file);
+    SHARDOPT_CHECK(mismatch.empty(), corrupt, "{} (and its header fails its checks: {})", mismatch, e.what());
+    throw;
+  }
 }
 
-void CheckpointReader::verify_checksum(std::size_t file) const {
+SafetensorsHeader CheckpointReader::parse_header(std::size_t file) {
   const std::string path = file_path(file);
-  const InputFile input(path);
-  const uint32_t crc = input.crc32c_of_all(manifest_.files[file].bytes);
-  SHARDOPT_CHECK(crc == manifest_.files[file].crc32c, corrupt,
-                 "checkpoint '{}': shard file '{}' is corrupt: CRC32C {:08x}, the manifest says {:08x}", dir_, path,
-                 crc, manifest_.files[file].crc32c);
+  const ManifestFile& f = manifest_.files[file];
+  SafetensorsHeader header = read_safetensors_header(input(file), f.bytes);
+  const int count = static_cast<int>(manifest_.files.size());
+  for (const auto& [key, want] : shard_metadata(manifest_.save_id, static_cast<int>(file), count)) {
+    const auto got = header.metadata.find(key);
+    SHARDOPT_CHECK(key != "save_id" || (got != header.metadata.end() && got->second == want), corrupt,
+                   "'{}' belongs to another save than the manifest's ('{}')", path, want);
+    SHARDOPT_CHECK(got != header.metadata.end() && got->second == want, corrupt,
+                   "'{}': its metadata '{}' is '{}', but as file {} of {} of this save it must be '{}'", path, key,
+                   got == header.metadata.end() ? std::string("(absent)") : got->second, file, count, want);
+  }
+  for (const auto& [key, value] : header.metadata) {
+    SHARDOPT_CHECK(shard_metadata(manifest_.save_id, 0, 1).count(key) == 1, corrupt,
+                   "'{}': unexpected metadata '{}' ('{}')", path, key, value);
+  }
+  const std::vector<TensorEntry> expected =
+      shard_tensors(f.shard_numel, manifest_.state_kinds, manifest_.frozen_numel(), static_cast<int>(file));
+  for (const TensorEntry& e : expected) {
+    const TensorEntry* t = header.find(e.name);
+    SHARDOPT_CHECK(t != nullptr, corrupt, "'{}' has no tensor '{}' (the manifest says it should)", path, e.name);
+    SHARDOPT_CHECK(t->shape == e.shape, corrupt, "'{}': tensor '{}' has shape [{}], the manifest says [{}]", path, e.name,
+                   fmt::join(t->shape, ", "), fmt::join(e.shape, ", "));
+  }
+  for (const TensorEntry& t : header.tensors) {
+    const bool named = std::any_of(expected.begin(), expected.end(), [&](const TensorEntry& e) { return e.name == t.name; });
+    SHARDOPT_CHECK(named, corrupt, "'{}' holds tensor '{}', which the manifest does not name", path, t.name);
+  }
+  return header;
+}
+
+std::string CheckpointReader::checksum_mismatch(std::size_t file) {
+  const uint32_t crc = input(file).crc32c_of_all(manifest_.files[file].bytes);
+  if (crc == manifest_.files[file].crc32c) return "";
+  return fmt::format("checkpoint '{}': shard file '{}' is corrupt: CRC32C {:08x}, the manifest says {:08x}", dir_,
+                     file_path(file), crc, manifest_.files[file].crc32c);
+}
+
+void CheckpointReader::verify_checksum(std::size_t file) {
+  const std::string mismatch = checksum_mismatch(file);
+  SHARDOPT_CHECK(mismatch.empty(), corrupt, "{}", mismatch);
 }
 
 bool CheckpointReader::has_tensor(const std::string& tensor) const {
@@ -135,10 +176,7 @@ void CheckpointReader::read_frozen(int32_t param, float* out) {
 void CheckpointReader::flush() {
   std::vector<Request> queue;
   queue.swap(queue_);
-  for (const Request& r : queue) {
-    if (!files_[r.file]) files_[r.file] = std::make_unique<InputFile>(file_path(r.file));
-    files_[r.file]->read_at(r.file_offset, r.out, r.bytes);
-  }
+  for (const Request& r : queue) input(r.file).read_at(r.file_offset, r.out, r.bytes);
 }
 
 // ---- ShardFileWriter --------------------------------------------------------------------------
@@ -182,7 +220,7 @@ std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<st
 
 std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count) {
   return {{"format", "shardopt-shard"},
-          {"format_version", std::to_string(kFormatVersion)},
+          {"format_version", std::to_string(kShardFormatVersion)},
           {"save_id", save_id},
           {"file_index", std::to_string(index)},
           {"num_files", std::to_string(count)}};
@@ -205,10 +243,14 @@ std::pair<uint64_t, std::string> next_save_identity(const std::string& dir) {
 void commit_manifest(const std::string& dir, const Manifest& manifest) {
   fsync_directory(dir);
   const std::string text = manifest_to_json(manifest);
-  AtomicFileWriter file(join_path(dir, kManifestName));
+  const std::string path = join_path(dir, kManifestName);
+  AtomicFileWriter file(path);
   file.write(text.data(), text.size());
   file.commit();
   fsync_directory(dir);
+  // Read back before anything older is removed: what a load will read is what was written.
+  SHARDOPT_CHECK(read_whole_file(path) == text, io, "'{}' reads back other bytes than were written", path);
+  parse_manifest(text, path);
 }
 
 void remove_unreferenced_files(const std::string& dir, const Manifest& manifest) {
@@ -227,6 +269,11 @@ void remove_unreferenced_files(const std::string& dir, const Manifest& manifest)
 bool test_abort_requested(const char* point) {
   const char* value = std::getenv("SHARDOPT_TEST_ABORT_SAVE_AFTER");
   return value != nullptr && std::string(value) == point;
+}
+
+bool test_damage_requested(int rank) {
+  const char* value = std::getenv("SHARDOPT_TEST_DAMAGE_SHARD_OF_RANK");
+  return value != nullptr && std::string(value) == std::to_string(rank);
 }
 
 }  // namespace checkpoint

@@ -29,12 +29,17 @@ class CheckpointReader {
   const std::string& dir() const { return dir_; }
   std::string file_path(std::size_t file) const;
 
-  // Error(io) naming the file when one is missing, Error(corrupt) when its size differs.
-  void check_file_sizes() const;
-  // Parses file `file`'s header and checks it holds the tensors the manifest promises.
+  // Error(io) naming the file when it is missing, Error(corrupt) when its size differs from
+  // the manifest's (a stat: cheap enough for every rank to check every file).
+  void check_present(std::size_t file) const;
+  // Opens file `file`, checks its size, parses its header (read_safetensors_header) and checks
+  // that it holds exactly what the manifest promises: the metadata of this save and index, and
+  // the tensors "params" and every state kind of [shard_numel] elements, plus "frozen_params"
+  // in file 0 when there are frozen parameters, and nothing else. Done once per file. When the
+  // header fails and the file's CRC32C differs too, the error is the CRC's (naming both).
   void check_header(std::size_t file);
   // Error(corrupt) naming the file when its CRC32C differs from the manifest's.
-  void verify_checksum(std::size_t file) const;
+  void verify_checksum(std::size_t file);
 
   bool has_tensor(const std::string& tensor) const;  // "params" or a saved state kind
   // Queues elements [offset, offset + length) of parameter `param` of `tensor` into `out`.
@@ -55,6 +60,9 @@ class CheckpointReader {
     std::size_t bytes;
   };
   int64_t tensor_start(std::size_t file, const std::string& tensor);
+  InputFile& input(std::size_t file);
+  SafetensorsHeader parse_header(std::size_t file);
+  std::string checksum_mismatch(std::size_t file);  // empty when the CRC32C matches
   void enqueue(std::size_t file, int64_t file_offset, void* out, std::size_t bytes);
 
   std::string dir_;
@@ -93,15 +101,19 @@ std::map<std::string, std::string> shard_metadata(const std::string& save_id, in
 // a file name that the previous manifest may point to.
 std::pair<uint64_t, std::string> next_save_identity(const std::string& dir);
 
-// The last step of a save: fsyncs the directory (so the shard renames are durable), writes
-// manifest.json through a temporary name, renames it into place and fsyncs the directory again.
+// The last step of a save, once its shard files are proven: fsyncs the directory (so the shard
+// renames are durable), writes manifest.json through a temporary name, renames it into place,
+// fsyncs the directory again, then reads it back: the bytes must be those written and parse.
 void commit_manifest(const std::string& dir, const Manifest& manifest);
 // After commit_manifest: removes shard files and temporaries that `manifest` does not name
 // (older saves, crashed saves). Best effort: a failure here never fails the save.
 void remove_unreferenced_files(const std::string& dir, const Manifest& manifest);
 
-// The test hook for crash safety: true when SHARDOPT_TEST_ABORT_SAVE_AFTER equals `point`.
+// Test hooks, read from the environment. Crash safety: true when SHARDOPT_TEST_ABORT_SAVE_AFTER
+// equals `point`. A shard damaged after it was written (so the save's proof must catch it):
+// true when SHARDOPT_TEST_DAMAGE_SHARD_OF_RANK equals `rank`.
 bool test_abort_requested(const char* point);
+bool test_damage_requested(int rank);
 
 }  // namespace checkpoint
 }  // namespace shardopt

@@ -9,98 +9,26 @@
 #include <string>
 #include <vector>
 
-#include "mpi_test_support.hpp"
+#include "ckpt_models.hpp"
+#include "ckpt_test_support.hpp"
 #include "shardopt/checkpoint.hpp"
 
 using namespace shardopt;
 using shardopt_test::all_params;
 using shardopt_test::bitwise_equal;
 using shardopt_test::seeded_values;
+using shardopt_test::file_bytes;
+using shardopt_test::scratch;
+using shardopt_test::shard_files;
 using shardopt_test::world;
+using shardopt_test::kSizes;
+using shardopt_test::Model;
+using shardopt_test::make_optimizer;
+using shardopt_test::train;
+using shardopt_test::all_steps;
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::vector<int64_t> kSizes = {13, 1, 0, 64, 7, 100, 3, 31, 257};
-
-// Initial values and (external storage) the caller's buffers of one optimizer.
-struct Model {
-  std::vector<std::vector<float>> values;
-  std::vector<std::vector<float>> grads;
-  Model(const std::vector<int64_t>& sizes, uint32_t seed) {
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      values.push_back(seeded_values(seed + static_cast<uint32_t>(i), sizes[i]));
-      grads.emplace_back(static_cast<std::size_t>(sizes[i]), 0.f);
-    }
-  }
-};
-
-// A two-group optimizer over `model`; param 2 of the second group is frozen when `freeze`.
-std::unique_ptr<ZeroOptimizer> make_optimizer(std::shared_ptr<Communicator> comm, const OptimizerConfig& config,
-                                              Model& model, const std::vector<int64_t>& sizes = kSizes,
-                                              bool freeze = false) {
-  std::vector<ParamGroupSpec> groups(2);
-  groups[0].hyper = shardopt_test::busy_hyperparams(config.algorithm);
-  groups[1].hyper = groups[0].hyper;
-  groups[1].hyper.lr = *groups[1].hyper.lr * 0.5;
-  groups[1].hyper.maximize = true;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    ParamSpec p;
-    p.name = "layer" + std::to_string(i) + ".weight";
-    p.param = TensorRef{model.values[i].data(), sizes[i]};
-    if (config.storage == Storage::external) p.grad = TensorRef{model.grads[i].data(), sizes[i]};
-    groups[i < sizes.size() / 2 ? 0 : 1].params.push_back(p);
-  }
-  auto opt = std::make_unique<ZeroOptimizer>(comm, config, groups);
-  if (freeze) opt->set_trainable(static_cast<ParamId>(sizes.size() - 2), false);
-  return opt;
-}
-
-// Steps [from, to): gradients depend on step and param only; an LR schedule at step 2.
-void train(ZeroOptimizer& opt, int from, int to) {
-  for (int s = from; s < to; ++s) {
-    for (ParamId id = 0; id < opt.num_params(); ++id) {
-      TensorRef g = opt.grad_view(id);
-      const auto values = seeded_values(1000u + static_cast<uint32_t>(s * 97 + id), g.numel);
-      if (g.numel > 0) std::memcpy(g.data, values.data(), g.nbytes());
-    }
-    if (s == 2) opt.hyperparams(0).lr *= 0.1;
-    opt.step();
-  }
-}
-
-std::vector<int64_t> all_steps(const ZeroOptimizer& opt) {
-  std::vector<int64_t> out;
-  for (ParamId id = 0; id < opt.num_params(); ++id) out.push_back(opt.param_step(id));
-  return out;
-}
-
-// A directory shared by the ranks of this run, fresh for each use: rank 0 clears it.
-std::string scratch(const std::string& name) {
-  const std::string dir = std::string(SHARDOPT_TEST_SCRATCH) + "/np" + std::to_string(world()->size()) + "/" + name;
-  if (world()->rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  world()->barrier();
-  return dir;
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-std::vector<std::string> shard_files(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("shard-", 0) == 0) names.push_back(n);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 
 // The first `k` ranks of the world as a communicator (null on the others, after the split).
 std::shared_ptr<Communicator> first_ranks(int k) {
@@ -302,14 +230,26 @@ TEST_CASE("damaged or foreign checkpoints are refused on every rank, the optimiz
     expect_refused(dir, ErrorCode::io, "missing");
   }
   SECTION("newer format version") {
+    // A newer shardopt's manifest, sealed with a valid checksum: refused as newer, not as corrupt.
     const std::string dir = damaged("newer", [&](const std::string& d) {
-      std::string text = file_bytes(d + "/manifest.json");
-      const std::string from = "\"format_version\": 1";
-      REQUIRE(text.find(from) != std::string::npos);
-      text.replace(text.find(from), from.size(), "\"format_version\": 2");
-      std::ofstream(d + "/manifest.json", std::ios::binary | std::ios::trunc) << text;
+      auto j = shardopt_test::manifest_json(file_bytes(d + "/manifest.json"));
+      REQUIRE(j["format_version"] == 2);
+      j["format_version"] = 3;
+      shardopt_test::write_bytes(d + "/manifest.json", shardopt_test::sealed_manifest_text(j));
     });
-    expect_refused(dir, ErrorCode::unsupported, "format version 2");
+    expect_refused(dir, ErrorCode::unsupported, "format version 3");
+    expect_refused(dir, ErrorCode::unsupported, "upgrade shardopt");
+  }
+  SECTION("the manifest edited by hand (its checksum not recomputed)") {
+    const std::string dir = damaged("edited", [&](const std::string& d) {
+      std::string text = file_bytes(d + "/manifest.json");
+      const std::string from = "\"layer1.weight\"";
+      REQUIRE(text.find(from) != std::string::npos);
+      text.replace(text.find(from), from.size(), "\"layer1.weigh7\"");
+      shardopt_test::write_bytes(d + "/manifest.json", text);
+    });
+    expect_refused(dir, ErrorCode::corrupt, "manifest.json' is corrupt: its manifest_crc32c says");
+    if (world()->rank() == 0) REQUIRE_THROWS_AS(verify_checkpoint(dir), Error);
   }
   SECTION("no checkpoint at all") {
     const std::string dir = scratch("empty");
@@ -336,6 +276,41 @@ TEST_CASE("damaged or foreign checkpoints are refused on every rank, the optimiz
     REQUIRE(c2 == ErrorCode::mismatch);
     REQUIRE(message2.find("adam") != std::string::npos);
   }
+}
+
+TEST_CASE("state kept after its hyperparameter is switched off survives save and load, as torch keeps it",
+          "[checkpoint][state_kinds]") {
+  // SGD momentum buffers exist; momentum goes to 0 (the buffers stay, unused); the checkpoint
+  // is saved then; momentum comes back and uses the buffers again. Loading must not drop them.
+  const std::string dir = scratch("kept_state");
+  OptimizerConfig config;
+  config.algorithm = Algorithm::sgd;
+  auto set_momentum = [](ZeroOptimizer& opt, double m) {
+    for (int g = 0; g < 2; ++g) opt.hyperparams(g).momentum = m;
+  };
+  Model reference_model(kSizes, 17);
+  auto reference = make_optimizer(world(), config, reference_model);
+  train(*reference, 0, 3);
+  set_momentum(*reference, 0.0);
+  train(*reference, 3, 4);
+  set_momentum(*reference, 0.9);
+  train(*reference, 4, 6);
+
+  Model saved_model(kSizes, 17);
+  auto saved = make_optimizer(world(), config, saved_model);
+  train(*saved, 0, 3);
+  set_momentum(*saved, 0.0);
+  train(*saved, 3, 4);
+  saved->save(dir);
+  if (world()->rank() == 0) REQUIRE(read_checkpoint_info(dir).state_kinds == std::vector<std::string>{"momentum_buffer"});
+
+  Model resumed_model(kSizes, 3);
+  auto resumed = make_optimizer(world(), config, resumed_model);
+  resumed->load(dir);
+  REQUIRE(resumed->hyperparams(0).momentum == 0.0);
+  set_momentum(*resumed, 0.9);
+  train(*resumed, 4, 6);
+  REQUIRE(bitwise_equal(all_params(*resumed), all_params(*reference)));
 }
 
 TEST_CASE("a save killed before its manifest leaves the previous checkpoint intact", "[checkpoint][crash]") {

@@ -1,0 +1,132 @@
+// src/checkpoint/sharded_load.cpp — load: validate and read everything aside, agree, then install.
+//
+// Every rank reads the manifest (checksum and consistency: read_manifest), checks it against
+// the registration, then runs the file checks of the one validation path (validate.hpp) with
+// the files spread over the ranks, so that together they check every file's header and CRC32C
+// once, and reads the byte ranges that make up its shard in the current layout, all into fresh
+// buffers; the ranks agree; only then is the optimizer changed (the caller then synchronises
+// the parameters as after a step).
+#include <algorithm>
+
+#include "checkpoint/collective.hpp"
+#include "checkpoint/optimizer_parts.hpp"
+#include "checkpoint/store.hpp"
+#include "checkpoint/validate.hpp"
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace checkpoint {
+namespace {
+
+// Everything a load reads, held aside until every rank has succeeded.
+struct PreparedLoad {
+  Manifest manifest;
+  optim::StateMask kinds{};
+  int64_t shard_numel = 0;
+  optim::StateBuffers state;
+  core::FlatBuffer params;  // this rank's shard of the parameter values
+  std::vector<std::vector<float>> frozen;  // per param; empty for trainable ones
+};
+
+PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
+  const optim::DeviceContext& dev = parts.dev;
+  PreparedLoad prep;
+  prep.manifest = read_manifest(dir);
+  const Manifest& m = prep.manifest;
+  const std::string source = fmt::format("checkpoint '{}'", dir);
+  // Another model's checkpoint is refused before any shard file is read.
+  check_same_model(parts.config.algorithm, parts.table.params(), parts.table.groups().size(), m, source);
+
+  CheckpointReader reader(dir, m);
+  // Each file's header and checksum are checked by one rank (files spread round-robin), so
+  // together the ranks read every byte once; at the same world size that is each rank's own.
+  check_checkpoint_files(reader, FileShare{dev.rank(), dev.world()});
+
+  // The layout this optimizer will have: its own strategy and world, the saved trainable flags.
+  std::vector<partition::ParamInfo> infos;
+  for (const ManifestParam& p : m.params) infos.push_back({p.numel, p.group, p.trainable});
+  const partition::Layout target =
+      partition::make_layout(optim::strategy_of(parts.config), infos, dev.world(), optim::kShardAlignment);
+  const partition::RankShard& shard = target.shards[static_cast<std::size_t>(dev.rank())];
+  prep.shard_numel = shard.numel;
+  // bf16/f16 optimizers also keep their fp32 masters (a "master" state kind). A kind the
+  // checkpoint holds beyond what its groups need now (momentum switched off after it was
+  // created) is state torch keeps too: it is loaded, not dropped.
+  prep.kinds = optim::state_kinds_needed(parts.config.algorithm, parts.table.dtype(), m.groups);
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) prep.kinds[k] = prep.kinds[k] || reader.has_tensor(optim::kStateNames[k]);
+
+  auto read_shard = [&](const std::string& tensor, float* out) {
+    for (const partition::Segment& s : shard.segments) {
+      if (s.length > 0) reader.read_param_range(tensor, s.param, s.param_offset, s.length, out + s.shard_offset);
+    }
+  };
+  prep.params.resize(shard.numel);
+  read_shard(kParamsTensor, prep.params.data());
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    if (!prep.kinds[k]) continue;
+    prep.state[k].resize(shard.numel);
+    if (reader.has_tensor(optim::kStateNames[k])) read_shard(optim::kStateNames[k], prep.state[k].data());
+  }
+  prep.frozen.resize(m.params.size());
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    if (m.params[i].trainable) continue;
+    prep.frozen[i].resize(static_cast<std::size_t>(m.params[i].numel));
+    reader.read_frozen(static_cast<int32_t>(i), prep.frozen[i].data());
+  }
+  reader.flush();
+  return prep;
+}
+
+// Collective only through the layout rebuild (when trainable flags change), which every rank
+// reaches alike.
+void install(const OptimizerParts& parts, PreparedLoad& prep) {
+  const Manifest& m = prep.manifest;
+  optim::ParamTable& table = parts.table;
+  bool flags_changed = false;
+  std::vector<bool> without_master(table.size(), false);
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    optim::ParamRecord& p = table.param(static_cast<ParamId>(i));
+    flags_changed = flags_changed || p.trainable != m.params[i].trainable;
+    p.trainable = m.params[i].trainable;
+    p.step = m.params[i].step;
+    p.has_momentum_buffer = m.params[i].has_momentum_buffer;
+  }
+  for (std::size_t g = 0; g < m.groups.size(); ++g) table.group(static_cast<int>(g)) = m.groups[g];
+  // A checkpoint without loss scaling leaves this optimizer's scale as it is.
+  if (parts.config.loss_scaling.enabled && m.has_loss_scale) parts.step.set_loss_scale(m.loss_scale, m.growth_tracker);
+  if (flags_changed) parts.shard.rebuild();
+  SHARDOPT_CHECK(parts.shard.own_shard().numel == prep.shard_numel, internal,
+                 "load: the rebuilt shard has {} elements, the prepared one {}", parts.shard.own_shard().numel,
+                 prep.shard_numel);
+  for (const partition::Segment& s : parts.shard.own_shard().segments) {
+    if (s.length == 0) continue;
+    parts.shard.set_param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length,
+                                     prep.params.data() + s.shard_offset);
+  }
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const optim::ParamRecord& p = table.params()[i];
+    if (!p.trainable && p.numel > 0) parts.shard.set_param_values_f32(i, 0, p.numel, prep.frozen[i].data());
+  }
+  // A checkpoint always holds a bf16/f16 optimizer's masters (the kinds say so); seeding is for
+  // a kind the files lack.
+  parts.shard.install_state(prep.kinds, std::move(prep.state), without_master);
+}
+
+}  // namespace
+
+void load_checkpoint(const OptimizerParts& parts, const std::string& dir) {
+  Outcome prepared;
+  PreparedLoad prep;
+  try {
+    prep = prepare_load(parts, dir);
+  } catch (const Error& e) {
+    prepared.fail(e);
+  } catch (const std::bad_alloc&) {
+    prepared.fail(Error(ErrorCode::io, fmt::format("not enough memory to read checkpoint '{}'", dir)));
+  }
+  agree_on_outcomes(parts.dev.host_comm(), prepared, "load", fmt::format("load from '{}'", dir));
+  install(parts, prep);
+}
+
+}  // namespace checkpoint
+}  // namespace shardopt
