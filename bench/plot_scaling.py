@@ -39,7 +39,10 @@ except ImportError:
              "(for this interpreter) or `apt-get install python3-matplotlib` (for /usr/bin/python3).")
 
 FIELDS = ["world", "params", "mode", "partition", "optimizer", "threads", "step_ms_median", "params_per_s",
-          "state_bytes_per_rank", "peak_rss_mb", "achieved_gbps", "roofline_fraction", "wrong"]
+          "state_bytes_per_rank", "peak_rss_mb", "achieved_gbps", "roofline_fraction", "roofline_status", "wrong"]
+# shardopt-bench's exit status 3: the parameters were right but the roofline measurement was not
+# (roofline_status=measurement_error); the row is kept, with its status.
+BENCH_OK = (0, 3)
 
 
 def parse_count(text: str) -> int:
@@ -61,10 +64,10 @@ def run_one(bench: Path, world: int, params: int, mode: str, args) -> dict:
             "-w", str(args.warmup), "-c", "1", "--stream-mb", str(args.stream_mb)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     line = next((l for l in proc.stdout.splitlines() if "step_ms_median=" in l), None)
-    if proc.returncode != 0 or line is None:
+    if proc.returncode not in BENCH_OK or line is None:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     fields = dict(re.findall(r"(\S+?)=(\S+)", line))
-    return {k: fields[k] for k in FIELDS}
+    return {k: fields.get(k, "") for k in FIELDS}
 
 
 def load(path: Path) -> list[dict]:

@@ -1,4 +1,4 @@
-// tools/bench/bench_model.hpp — the step benchmark's model (a list of named tensors), its synthetic values, and the optimizers built over it.
+// bench/src/model.hpp — the step benchmark's model (a list of named tensors), its synthetic values, and the optimizers built over it.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
-// tools/bench/step_bench.hpp — the full optimizer step timed against a memory roofline measured in the same run (--mode step).
+// bench/src/roofline.hpp — what the optimizer step must move, the bandwidth it is held to, and the verdict on a measured fraction of that roofline.
 #pragma once
 
-#include <memory>
+#include <cstdint>
+#include <string>
 
 #include "options.hpp"
 #include "shardopt/shardopt.hpp"
@@ -33,34 +34,51 @@ namespace shardopt_bench {
 //                 sorted_greedy: the other ranks' shards. Sharded runs with world > 1 only:
 //                 replicated runs have no sync.
 //
-// --stage 2 leaves the timed step as it is (the same update and sync); it changes how the
-// gradients arrive: before every step, untimed, each rank hands every gradient with
-// reduce_gradient() (bucket view; external storage: its buffers) and reduce_gradients()
-// reduces them to their owners. Every rank hands the same synthetic gradients, rounded to 4
-// significant bits so that every partial sum of up to 16 ranks is exact in any dtype: the
-// average is then exactly the gradient, whatever order MPI adds in, and the single-rank
-// reference (stage 1, the same gradients) stays bitwise comparable.
-//
 // Not counted, because a step does not have to move them: the staging copies of external
 // storage (a bucket-view step needs none), the second copy a two-copy shared-memory
 // transport makes, and write-allocate reads of stored cache lines (STREAM does not count
 // those either, so both sides of the ratio leave them out).
 //
-// The update-shaped bandwidth kernel follows the dtype: f32 reads p, g, m, v and writes p, m,
-// v; bf16/f16 reads a 16-bit g, the master, m, v and writes the master, m, v and a 16-bit p.
+// The roofline is one bandwidth, the best that any measured pattern reached (STREAM's copy and
+// triad, and a kernel with the update rule's own streams: see stream.hpp), applied to both
+// parts: a step cannot move bytes faster than the machine was seen to move them at all.
 //
-//   roofline_ms        = update_bytes / stream_update_gbps + sync_bytes / stream_copy_gbps
+//   roofline_ms        = (update_bytes + sync_bytes) / roofline_gbps
 //   achieved_gbps      = (update_bytes + sync_bytes) / step time
-//   roofline_fraction  = roofline_ms / step_ms_median   (1.0 = moving bytes as fast as the
-//                        measured kernels do; a DRAM roofline, so a step whose buffers fit in
-//                        the last-level cache can exceed it)
-//
-// One ZeroOptimizer over the model of make_model, the full step() timed between barriers
-// (median over -n iterations of the slowest rank), then compared with the roofline of
-// measure_stream; afterwards every rank checks that it holds the same parameters as every
-// other rank and as a single-rank reference optimizer that took the same steps. Prints one
-// key=value line on rank 0 (and a breakdown line with --breakdown); returns the exit status
-// (1 when any parameter was wrong).
-int run_step(const std::shared_ptr<shardopt::Communicator>& comm, const Options& o);
+//   roofline_fraction  = roofline_ms / step_ms_median
+
+// The update rule's memory access pattern: the streams it reads and writes.
+enum class UpdateShape { adam, sgd_momentum, sgd };
+UpdateShape update_shape(const Options& o);
+
+// Explicit loads + stores of the update rule per updated element (above).
+int64_t update_bytes_per_param(UpdateShape shape, DType dtype);
+
+// A fraction of a DRAM roofline above this is not a result but a broken measurement: the
+// bandwidths were under-measured (arrays in cache, a slower code path than the step's, a
+// disturbed run) or the bytes miscounted. The margin covers run-to-run noise of the best-of
+// bandwidth and the step's median.
+constexpr double kRooflineTolerance = 1.05;
+
+// A step whose data fit in the last-level caches of its machine is not bounded by DRAM
+// bandwidth at all: its fraction is printed, but judged neither way. Data may fit when the
+// bytes the ranks of one machine touch in a step are at most twice the most cache any source
+// claims for it (cache.hpp; streamed data larger than that is evicted before the next step
+// reuses it).
+constexpr double kCacheResidentFactor = 2.0;
+
+enum class RooflineStatus { ok, cache_resident, measurement_error };
+
+struct RooflineVerdict {
+  double fraction = 0;  // roofline time / measured time
+  RooflineStatus status = RooflineStatus::ok;
+};
+
+RooflineVerdict judge_roofline(double roofline_seconds, double measured_seconds, bool cache_resident);
+
+// "0.812", "1.120 (measurement error: above 1.05)", "3.100 (cache-resident: not DRAM-bound)".
+std::string format_fraction(const RooflineVerdict& verdict);
+
+const char* status_name(RooflineStatus status);  // ok, cache_resident, measurement_error
 
 }  // namespace shardopt_bench

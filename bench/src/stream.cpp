@@ -1,5 +1,5 @@
-// tools/bench/stream_roofline.cpp — runs the bandwidth kernels with every rank streaming at once and reports the best repetition, as STREAM does.
-#include "stream_roofline.hpp"
+// bench/src/stream.cpp — runs the bandwidth kernels with every rank streaming at once and reports the best repetition, as STREAM does.
+#include "stream.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -8,9 +8,7 @@
 #include <new>
 #include <vector>
 
-#include <unistd.h>
-
-#include "bench_support.hpp"
+#include "support.hpp"
 #include "cpu/stream_cpu.hpp"  // kernels/: the probes, dispatched like the update kernels
 #include "precision.hpp"       // kernels/: bf16 <-> float, for reading a 16-bit result
 
@@ -24,15 +22,6 @@ using shardopt::kernels::update_pattern_half_cpu;
 using shardopt::kernels::UpdatePattern;
 
 namespace {
-
-int64_t last_level_cache_bytes() {
-  long bytes = 0;
-#ifdef _SC_LEVEL3_CACHE_SIZE
-  bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (bytes <= 0) bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-  return bytes > 0 ? static_cast<int64_t>(bytes) : int64_t{32} << 20;
-}
 
 struct AlignedFree {
   void operator()(float* p) const { std::free(p); }
@@ -48,21 +37,16 @@ AlignedArray aligned_floats(int64_t n) {
 
 }  // namespace
 
-UpdateShape update_shape(const Options& o) {
-  if (o.algorithm != Algorithm::sgd) return UpdateShape::adam;
-  return o.momentum != 0.0 ? UpdateShape::sgd_momentum : UpdateShape::sgd;
+double StreamResult::best_gbps() const { return std::max({copy_gbps, triad_gbps, update_gbps}); }
+
+const char* StreamResult::best_pattern() const {
+  const double best = best_gbps();
+  return best == update_gbps ? "update" : best == triad_gbps ? "triad" : "copy";
 }
 
-int64_t update_bytes_per_param(UpdateShape shape, DType dtype) {
-  const int64_t state = shape == UpdateShape::adam ? 16 : shape == UpdateShape::sgd_momentum ? 8 : 0;
-  const int64_t param = dtype == DType::f32 ? 12 : 2 * static_cast<int64_t>(shardopt::dtype_size(dtype)) + 8;
-  return param + state;
-}
-
-StreamResult measure_stream(Communicator& comm, int threads, int64_t array_mb, UpdateShape shape, DType dtype) {
+StreamResult measure_stream(Communicator& comm, int threads, int64_t array_bytes, UpdateShape shape, DType dtype) {
   StreamResult result;
-  const int64_t auto_bytes = std::max<int64_t>(2 * last_level_cache_bytes(), int64_t{64} << 20);
-  result.array_bytes = array_mb > 0 ? array_mb << 20 : auto_bytes;
+  result.array_bytes = array_bytes;
   const int64_t n = result.array_bytes / static_cast<int64_t>(sizeof(float));
   AlignedArray owners[4] = {aligned_floats(n), aligned_floats(n), aligned_floats(n), aligned_floats(n)};
   float* const a = owners[0].get();

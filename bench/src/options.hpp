@@ -1,4 +1,4 @@
-// tools/bench/options.hpp — shardopt-bench's command line: the options struct, its parser and the usage text.
+// bench/src/options.hpp — shardopt-bench's command line: the options struct, its parser and the usage text.
 #pragma once
 
 #include <cstdint>

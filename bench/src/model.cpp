@@ -1,5 +1,5 @@
-// tools/bench/bench_model.cpp — builds the step benchmark's model and fills parameters and gradients with values every rank can regenerate alone.
-#include "bench_model.hpp"
+// bench/src/model.cpp — builds the step benchmark's model and fills parameters and gradients with values every rank can regenerate alone.
+#include "model.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "bench_support.hpp"
+#include "support.hpp"
 #include "precision.hpp"  // kernels/: bf16/f16 <-> float, the library's own rounding
 
 namespace shardopt_bench {

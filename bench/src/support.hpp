@@ -1,4 +1,4 @@
-// tools/bench/bench_support.hpp — small helpers every benchmark mode shares: timing, medians, int64 gathers over a Communicator, rank-0 printing, thread counts.
+// bench/src/support.hpp — small helpers every benchmark mode shares: timing, medians, exact gathers of int64 and double over a Communicator, the node a rank runs on, rank-0 printing, thread counts.
 #pragma once
 
 #include <algorithm>
@@ -6,12 +6,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -36,14 +39,24 @@ inline double median(std::vector<double> values) {
   return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
-// Every rank's value, in rank order. bf16 collectives move raw 16-bit words (MPI_UINT16_T,
-// no arithmetic), so four of them carry an int64 exactly, which f32 could not.
-inline std::vector<int64_t> gather_int64(Communicator& comm, int64_t value) {
-  std::vector<int64_t> all(static_cast<std::size_t>(comm.size()));
-  all[static_cast<std::size_t>(comm.rank())] = value;
-  constexpr int64_t words = sizeof(int64_t) / 2;
-  comm.all_gather(&all[static_cast<std::size_t>(comm.rank())], all.data(), words, DType::bf16);
+// Every rank's `mine` (the same length on every rank), concatenated in rank order. bf16
+// collectives move raw 16-bit words (MPI_UINT16_T, no arithmetic), so four of them carry an
+// int64 or a double exactly, which f32 could not.
+template <typename T>
+std::vector<T> all_gather_exact(Communicator& comm, const std::vector<T>& mine) {
+  static_assert(sizeof(T) % 2 == 0, "moved as 16-bit words");
+  const std::size_t n = mine.size();
+  std::vector<T> all(n * static_cast<std::size_t>(comm.size()));
+  if (n == 0) return all;
+  T* const own = all.data() + n * static_cast<std::size_t>(comm.rank());
+  std::memcpy(own, mine.data(), n * sizeof(T));
+  comm.all_gather(own, all.data(), static_cast<int64_t>(n * sizeof(T) / 2), DType::bf16);
   return all;
+}
+
+// Every rank's value, in rank order.
+inline std::vector<int64_t> gather_int64(Communicator& comm, int64_t value) {
+  return all_gather_exact(comm, std::vector<int64_t>{value});
 }
 
 inline int64_t sum_int64(Communicator& comm, int64_t value) {
@@ -63,6 +76,16 @@ inline std::vector<double> slowest_rank(Communicator& comm, const std::vector<do
   std::vector<float> buffer(seconds.begin(), seconds.end());
   if (!buffer.empty()) comm.all_reduce(buffer.data(), static_cast<int64_t>(buffer.size()), DType::f32, ReduceOp::max);
   return std::vector<double>(buffer.begin(), buffer.end());
+}
+
+// The same number on every rank of one machine, a different one (but for hash collisions) on
+// ranks of different machines: which ranks share a memory bus and a last-level cache.
+inline int64_t node_id() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  uint64_t hash = 0xCBF29CE484222325ull;
+  for (const char* c = host; *c != 0; ++c) hash = (hash ^ static_cast<unsigned char>(*c)) * 0x100000001B3ull;
+  return static_cast<int64_t>(hash);
 }
 
 // Rank 0 prints; everyone else stays quiet. Flushed at once so mpirun's output keeps order.

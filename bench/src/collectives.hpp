@@ -1,4 +1,4 @@
-// tools/bench/collectives_bench.hpp — the nccl-tests-style sweep of shardopt's collectives (--mode collectives).
+// bench/src/collectives.hpp — the nccl-tests-style sweep of shardopt's collectives (--mode collectives).
 #pragma once
 
 #include "options.hpp"

@@ -1,4 +1,4 @@
-// tools/bench/options.cpp — parses shardopt-bench's flags (nccl-tests' sweep names plus the step's own) into Options.
+// bench/src/options.cpp — parses shardopt-bench's flags (nccl-tests' sweep names plus the step's own) into Options.
 #include "options.hpp"
 
 #include <algorithm>
@@ -51,15 +51,22 @@ const char* const usage_text =
     "  --pipeline-chunk-bytes B  OptimizerConfig::pipeline_chunk_bytes: update and sync in chunks (default 0: off)\n"
     "  --mode sharded|replicated state sharded (default) or replicated, the unsharded\n"
     "                            baseline; implies --mode step (also --shard ...)\n"
-    "  --stream-mb M             MiB per bandwidth-test array, 4 arrays per rank\n"
-    "                            (default max(2 x last-level cache, 64))\n"
-    "  --breakdown               also time the update alone and the sync alone\n"
+    "  --stream-mb M             MiB per bandwidth-test array, 4 arrays per rank (default\n"
+    "                            max(4 x the last-level caches this rank's CPUs use, 64),\n"
+    "                            the cache read from sysfs)\n"
+    "  --breakdown               also print the step's phases (agreement, update, sync and\n"
+    "                            the rest), medians over the same timed steps, and time\n"
+    "                            reduce_gradients() on its own\n"
     "\n"
     "Output (rank 0): collectives print a table per op and '# Wrong values total : N OK|FAILED';\n"
     "step prints one line of key=value pairs (inputs such as dtype=... stage=..., memory such\n"
     "as state_bytes_per_rank (optimizer state), master_bytes_per_rank (fp32 masters) and\n"
     "grad_bytes_per_rank, the largest rank's) ending in step_ms_median=... params_per_s=...\n"
-    "achieved_gbps=... roofline_fraction=... wrong=N. Exit status 1 when anything was wrong.\n";
+    "achieved_gbps=... roofline_fraction=F roofline_status=S wrong=N. A fraction above 1.05\n"
+    "of a DRAM-bound step is a measurement error, printed as such (S=measurement_error); a\n"
+    "step whose data fit in the last-level cache is not judged (S=cache_resident).\n"
+    "Exit status: 0 OK, 1 when anything was wrong, 2 for a bad option, 3 when the results\n"
+    "were right but the roofline measurement was not (S=measurement_error).\n";
 
 [[noreturn]] void bad_usage(const std::string& message) { throw std::invalid_argument(message); }
 

@@ -1,5 +1,5 @@
-// tools/bench/collectives_bench.cpp — times and checks all_gather, broadcast, reduce_scatter and all_reduce over a size sweep, and prints nccl-tests' tables.
-#include "collectives_bench.hpp"
+// bench/src/collectives.cpp — times and checks all_gather, broadcast, reduce_scatter and all_reduce over a size sweep, and prints nccl-tests' tables.
+#include "collectives.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "bench_support.hpp"
+#include "support.hpp"
 
 namespace shardopt_bench {
 namespace {

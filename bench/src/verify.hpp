@@ -1,0 +1,22 @@
+// bench/src/verify.hpp — the step benchmark's self-check: every rank holds the same parameters, bitwise those of a single-rank optimizer that took the same steps.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "model.hpp"
+#include "options.hpp"
+#include "shardopt/shardopt.hpp"
+
+namespace shardopt_bench {
+
+// Collective. Every rank hashes its parameters and the hashes are compared (each rank that
+// differs from rank 0 counts 1); every rank also rebuilds its 1/N slice of the model in a
+// single-rank optimizer (a split communicator), takes `steps` steps and compares bitwise (each
+// differing element counts 1). The update rules are elementwise and the step counts agree, so
+// a slice is a faithful reference, and the N ranks together cover every element at 1/N of the
+// cost. Returns the total over all ranks, the same on every rank.
+int64_t count_wrong_params(const std::shared_ptr<shardopt::Communicator>& comm, const Options& o, const Model& model,
+                           const shardopt::ZeroOptimizer& opt, int steps);
+
+}  // namespace shardopt_bench
