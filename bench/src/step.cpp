@@ -193,11 +193,28 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
       o.sharded && o.partition == PartitionStrategy::flat
           ? std::clamp<int64_t>(memory.trainable_numel - my_offset, 0, memory.shard_numel)
           : memory.shard_numel;
-  // The all-gather moves the padding too, so received elements include it.
-  const int64_t my_received = sharded ? all_shards - memory.shard_numel : 0;
+  // The sync moves the padding too, so received elements include it. Each element moved is
+  // read once and written once, in the dtype.
+  const std::vector<int64_t> nodes = gather_int64(*comm, node_id());
+  int64_t my_moved = sharded ? all_shards - memory.shard_numel : 0;
+  if (sharded && memory.node_shared_param_bytes > 0) {
+    if (o.storage == Storage::bucket_view) {
+      // One buffer per node: only other nodes' shards arrive, each once per node (its carrier
+      // rank receives it); counted here as this rank's share of its node's arrivals.
+      int64_t node_shards = 0, node_ranks = 0;
+      for (std::size_t r = 0; r < nodes.size(); ++r) {
+        if (nodes[r] != nodes[static_cast<std::size_t>(rank)]) continue;
+        node_shards += shards[r];
+        ++node_ranks;
+      }
+      my_moved = (all_shards - node_shards) / std::max<int64_t>(1, node_ranks);
+    } else {
+      // External storage through a node-shared staging: its own shard copied in, the others out.
+      my_moved = all_shards;
+    }
+  }
   const int64_t update_bytes = sum_int64(*comm, my_updated * per_param);
-  // Each received element read once and written once, in the dtype.
-  const int64_t sync_bytes = sum_int64(*comm, 2 * element_bytes * my_received);
+  const int64_t sync_bytes = sum_int64(*comm, 2 * element_bytes * my_moved);
   const int64_t total_bytes = update_bytes + sync_bytes;
   const int64_t max_state = max_int64(*comm, memory.state_bytes);
   const int64_t max_master = max_int64(*comm, memory.master_bytes);
@@ -209,7 +226,6 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   // more than the guest is told). Only when every machine's data overflow it is the roofline a
   // bound that a measurement may not exceed.
   const int64_t touched = model.numel * element_bytes + my_updated * element_bytes + memory.state_bytes + memory.master_bytes;
-  const std::vector<int64_t> nodes = gather_int64(*comm, node_id());
   const std::vector<int64_t> touched_by = gather_int64(*comm, touched);
   int64_t touched_here = 0;
   for (std::size_t r = 0; r < nodes.size(); ++r) touched_here += nodes[r] == nodes[static_cast<std::size_t>(rank)] ? touched_by[r] : 0;
@@ -255,7 +271,7 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   const char* mode = o.sharded ? "sharded" : "replicated";
   say(*comm,
       "world={} params={} {} optimizer={} partition={} dtype={} stage={} storage={} threads={} bucket_bytes={} pipeline_chunk_bytes={} mode={} "
-      "iters={} warmup={} shard_numel_max={} state_bytes_per_rank={} master_bytes_per_rank={} "
+      "iters={} warmup={} cpu_isa={} node_ranks={} shard_numel_max={} state_bytes_per_rank={} master_bytes_per_rank={} "
       "grad_bytes_per_rank={} peak_rss_mb={:.1f} base_rss_mb={:.1f} "
       "update_bytes={} sync_bytes={} stream_copy_gbps={:.2f} stream_triad_gbps={:.2f} "
       "stream_update_gbps={:.2f} stream_array_mb={} stream_windows={} llc_mb={} llc_instances={} llc_source={} sysconf_llc_mb={} "
@@ -264,7 +280,7 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
       world, model.numel, model.description, shardopt::algorithm_name(o.algorithm),
       shardopt::partition_name(o.partition), shardopt::dtype_name(o.dtype), config.stage,
       o.storage == Storage::bucket_view ? "bucket_view" : "external", effective_threads(o.threads), o.bucket_bytes,
-      o.pipeline_chunk_bytes, mode, o.iters, o.warmup, *std::max_element(shards.begin(), shards.end()), max_state,
+      o.pipeline_chunk_bytes, mode, o.iters, o.warmup, shardopt::cpu_kernel_isa(), memory.node_ranks, *std::max_element(shards.begin(), shards.end()), max_state,
       max_master, max_grad, static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(base_rss) / (1 << 20),
       update_bytes, sync_bytes, stream.copy_gbps, stream.triad_gbps, stream.update_gbps, stream.array_bytes >> 20, two_windows ? 2 : 1,
       llc.instance_bytes >> 20, llc.node_instances, llc.source, llc.sysconf_bytes >> 20, roofline_gbps, stream.best_pattern(), roofline_s * 1e3,
