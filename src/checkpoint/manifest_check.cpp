@@ -43,7 +43,8 @@ void check_params_and_groups(const Manifest& m, const std::string& path) {
     SHARDOPT_CHECK(p.numel >= 0 && p.numel <= kMaxElements && p.step >= 0, corrupt,
                    "'{}': params[{}] '{}' has numel {} and step {}", path, i, p.name, p.numel, p.step);
     SHARDOPT_CHECK(p.group >= 0 && static_cast<std::size_t>(p.group) < m.groups.size(), corrupt,
-                   "'{}': params[{}] '{}' is in group {} but there are {} groups", path, i, p.name, p.group, m.groups.size());
+                   "'{}': params[{}] '{}' is in group {} but there are {} groups", path, i, p.name, p.group,
+                   m.groups.size());
     // An optimizer's parameters share one dtype (ParamTable), so its checkpoint's do too.
     SHARDOPT_CHECK(p.dtype == m.params[0].dtype, corrupt, "'{}': params[{}] '{}' is {} but params[0] is {}", path, i,
                    p.name, dtype_name(p.dtype), dtype_name(m.params[0].dtype));
@@ -64,7 +65,8 @@ void check_state_kinds(const Manifest& m, const std::string& path) {
     SHARDOPT_CHECK(k >= 0, corrupt, "'{}': state_kinds holds '{}', not a state kind", path, name);
     SHARDOPT_CHECK(k > previous, corrupt, "'{}': state_kinds lists '{}' twice or out of order", path, name);
     previous = k;
-    const bool sgd_kind = k == optim::kMomentum, adam_kind = k == optim::kExpAvg || k == optim::kExpAvgSq || k == optim::kMaxExpAvgSq;
+    const bool sgd_kind = k == optim::kMomentum;
+    const bool adam_kind = k == optim::kExpAvg || k == optim::kExpAvgSq || k == optim::kMaxExpAvgSq;
     const bool allowed = k == optim::kMaster ? dtype != DType::f32
                                              : (m.algorithm == Algorithm::sgd ? sgd_kind : adam_kind);
     SHARDOPT_CHECK(allowed, corrupt, "'{}': state_kinds holds '{}', which a {} optimizer over {} parameters does not keep",

@@ -46,8 +46,8 @@ TensorEntry parse_tensor(const std::string& name, const nlohmann::json& value, c
     t.shape.push_back(json_integer(shape[i], 0, INT64_MAX, path, fmt::format("tensor '{}' shape[{}]", name, i)));
   }
   const nlohmann::json& offsets = entry.at("data_offsets");
-  SHARDOPT_CHECK(offsets.is_array() && offsets.size() == 2, corrupt, "'{}': tensor '{}' has data_offsets {}, not two offsets",
-                 path, name, json_excerpt(offsets));
+  SHARDOPT_CHECK(offsets.is_array() && offsets.size() == 2, corrupt,
+                 "'{}': tensor '{}' has data_offsets {}, not two offsets", path, name, json_excerpt(offsets));
   t.begin = json_integer(offsets[0], 0, INT64_MAX, path, fmt::format("tensor '{}' data_offsets[0]", name));
   t.end = json_integer(offsets[1], 0, INT64_MAX, path, fmt::format("tensor '{}' data_offsets[1]", name));
   return t;
@@ -130,16 +130,17 @@ SafetensorsHeader read_safetensors_header(const InputFile& file, int64_t file_si
   const TensorEntry* previous = nullptr;
   for (const TensorEntry& t : header.tensors) {
     if (t.begin != next) {
-      SHARDOPT_CHECK(previous != nullptr, corrupt, "'{}': invalid offset: the first tensor '{}' starts at data byte {}, not 0",
-                     path, t.name, t.begin);
+      SHARDOPT_CHECK(previous != nullptr, corrupt,
+                     "'{}': invalid offset: the first tensor '{}' starts at data byte {}, not 0", path, t.name, t.begin);
       raise(ErrorCode::corrupt, "'{}': invalid offset: tensor '{}' starts at data byte {} but '{}' ends at {} ({})", path,
             t.name, t.begin, previous->name, next, t.begin < next ? "overlapping tensors" : "a gap between tensors");
     }
-    SHARDOPT_CHECK(t.end >= t.begin, corrupt, "'{}': invalid offset: tensor '{}' ends at data byte {}, before it starts at {}",
-                   path, t.name, t.end, t.begin);
+    SHARDOPT_CHECK(t.end >= t.begin, corrupt,
+                   "'{}': invalid offset: tensor '{}' ends at data byte {}, before it starts at {}", path, t.name, t.end,
+                   t.begin);
     int64_t numel = 0, bytes = 0;
-    SHARDOPT_CHECK(shape_bytes(t.shape, &numel, &bytes), corrupt, "'{}': tensor '{}' has shape {}, which overflows a 64-bit size",
-                   path, t.name, shape_text(t.shape));
+    SHARDOPT_CHECK(shape_bytes(t.shape, &numel, &bytes), corrupt,
+                   "'{}': tensor '{}' has shape {}, which overflows a 64-bit size", path, t.name, shape_text(t.shape));
     SHARDOPT_CHECK(t.end - t.begin == bytes, corrupt, "'{}': tensor '{}' spans {} bytes but its shape {} needs {}", path,
                    t.name, t.end - t.begin, shape_text(t.shape), bytes);
     SHARDOPT_CHECK(t.end <= data_bytes, corrupt,

@@ -53,7 +53,9 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   // checkpoint holds beyond what its groups need now (momentum switched off after it was
   // created) is state torch keeps too: it is loaded, not dropped.
   prep.kinds = optim::state_kinds_needed(parts.config.algorithm, parts.table.dtype(), m.groups);
-  for (std::size_t k = 0; k < optim::kStateKinds; ++k) prep.kinds[k] = prep.kinds[k] || reader.has_tensor(optim::kStateNames[k]);
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    prep.kinds[k] = prep.kinds[k] || reader.has_tensor(optim::kStateNames[k]);
+  }
 
   auto read_shard = [&](const std::string& tensor, float* out) {
     for (const partition::Segment& s : shard.segments) {

@@ -123,8 +123,10 @@ std::vector<Mutant> sealed_mutants() {
   // Segments: ranges, overflow, tiling.
   v.push_back(sealed("sealed-segment-length-int64-max", "adam",
                      {"files[0].segments[0] length is 9223372036854775807, not an integer in [0, 72057594037927936]"},
-                     "a segment of 2^63-1 elements (signed overflow in the old check)",
-                     [](J& m) { segment(m, 0, 0)[3] = INT64_MAX; }));
+                     "a segment of 2^63-1 elements from element 1 (signed overflow in the old check)", [](J& m) {
+                       segment(m, 0, 0)[1] = 1;
+                       segment(m, 0, 0)[3] = INT64_MAX;
+                     }));
   v.push_back(sealed("sealed-segment-offset-float", "adam", {"files[0].segments[0] param_offset is 1e+30, not an integer"},
                      "a float offset (float-to-integer overflow in the old parser)",
                      [](J& m) { segment(m, 0, 0)[1] = 1e30; }));

@@ -148,6 +148,8 @@ TEST_CASE("manifest consistency: sizes beyond int64 are refused without overflow
   Manifest m = small_manifest();
   m.files[0].segments[0].length = INT64_MAX;
   refused(m, "lies outside 'w'");
+  m.files[0].segments[0].param_offset = 1;  // 1 + (2^63 - 1): the old check's overflow
+  refused(m, "lies outside 'w'");
   m = small_manifest();
   m.files[0].segments[0].param_offset = INT64_MAX;
   m.files[0].segments[0].shard_offset = INT64_MAX;
