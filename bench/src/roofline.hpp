@@ -32,7 +32,11 @@ namespace shardopt_bench {
 //                 all-gather moves the 16-bit parameters, never the masters). Flat partition:
 //                 (N-1) x shard elements, padding included (the all-gather moves it);
 //                 sorted_greedy: the other ranks' shards. Sharded runs with world > 1 only:
-//                 replicated runs have no sync.
+//                 replicated runs have no sync. Node-shared parameters (bucket view, the
+//                 default on CPU): one buffer per node, so nothing moves between a node's
+//                 ranks and only other nodes' shards count, once per node; external storage
+//                 then syncs through a node-shared staging buffer: every element copied in or
+//                 out once (step.cpp, from MemoryReport::node_shared_param_bytes).
 //
 // Not counted, because a step does not have to move them: the staging copies of external
 // storage (a bucket-view step needs none), the second copy a two-copy shared-memory

@@ -175,8 +175,8 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   const StepTiming timing = time_steps(*comm, *opt, o.warmup, o.iters, prepare);
   const double step_s = timing.step_s;
   const shardopt::MemoryReport memory = opt->memory_report();
-  // Read now: the high-water mark of the optimizer alone, before STREAM's arrays and the
-  // reference exist.
+  // Read now: the high-water mark of the optimizer alone, before the second bandwidth window's
+  // arrays and the reference exist.
   const int64_t peak_rss = max_int64(*comm, peak_rss_bytes());
 
   // Bytes the step must move (see roofline.hpp), summed over the ranks.
