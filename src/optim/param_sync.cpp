@@ -10,19 +10,25 @@
 namespace shardopt {
 namespace optim {
 
-void ParamSync::exchange_shards(void* buffer) {
-  dev_.settle_before_collective();
+void ParamSync::broadcast_shards(Communicator& comm, void* buffer, const std::function<int(int)>& root_of) {
   const DType dt = shard_.dtype();
   const int64_t bucket = bucket_elements(config_, dt);
   std::vector<std::unique_ptr<PendingCollective>> pending;
   for (int r = 0; r < dev_.world(); ++r) {
+    const int root = root_of(r);
+    if (root < 0) continue;
     const partition::RankShard& shard = shard_.layout().shards[static_cast<std::size_t>(r)];
     for (int64_t begin = 0; begin < shard.numel; begin += bucket) {
       const int64_t count = std::min(bucket, shard.numel - begin);
-      pending.push_back(dev_.comm().broadcast_async(element(buffer, shard.offset + begin, dt), count, dt, r));
+      pending.push_back(comm.broadcast_async(element(buffer, shard.offset + begin, dt), count, dt, root));
     }
   }
   for (auto& p : pending) p->wait();
+}
+
+void ParamSync::exchange_shards(void* buffer) {
+  dev_.settle_before_collective();
+  broadcast_shards(dev_.comm(), buffer, [](int r) { return r; });
 }
 
 void ParamSync::copy_segments(const partition::RankShard& shard, bool to_staging) {
@@ -47,20 +53,11 @@ void ParamSync::sync_nodes(const comm::NodeTopology& nodes, const core::FlatBuff
   nodes.node->barrier();
   if (nodes.nodes > 1) {
     if (nodes.cross) {
-      const DType dt = shard_.dtype();
-      const int64_t bucket = bucket_elements(config_, dt);
-      std::vector<std::unique_ptr<PendingCollective>> pending;
-      for (int r = 0; r < dev_.world(); ++r) {
+      // Rank r's shard travels in its carrier group, from that group's member on r's node.
+      broadcast_shards(*nodes.cross, buffer.raw(), [&nodes](int r) {
         const std::size_t ru = static_cast<std::size_t>(r);
-        if (nodes.carrier[ru] != nodes.own_carrier) continue;
-        const partition::RankShard& shard = shard_.layout().shards[ru];
-        for (int64_t begin = 0; begin < shard.numel; begin += bucket) {
-          const int64_t count = std::min(bucket, shard.numel - begin);
-          pending.push_back(nodes.cross->broadcast_async(buffer.at(shard.offset + begin), count, dt,
-                                                         nodes.node_of[ru]));
-        }
-      }
-      for (auto& p : pending) p->wait();
+        return nodes.carrier[ru] == nodes.own_carrier ? nodes.node_of[ru] : -1;
+      });
     }
     std::atomic_thread_fence(std::memory_order_seq_cst);
     nodes.node->barrier();

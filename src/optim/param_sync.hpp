@@ -27,6 +27,9 @@ class ParamSync {
   // broadcast from its owner, all in flight together; every bucket is config.bucket_bytes at
   // most, so no single collective exceeds it (or MPI's count limit).
   void exchange_shards(void* buffer);
+  // The bucketed broadcasts behind both exchanges: rank r's shard of `buffer` from `comm`'s
+  // rank root_of(r), skipped where that is negative; all in flight together.
+  void broadcast_shards(Communicator& comm, void* buffer, const std::function<int(int)>& root_of);
   // Node-shared `buffer` (laid out as the layout's shards): each rank has written its shard
   // into its node's copy, so a node needs only a barrier; between nodes, each shard is
   // broadcast once to every other node by its carrier group, then a second barrier publishes

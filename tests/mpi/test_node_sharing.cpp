@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mpi_test_support.hpp"
+#include "precision.hpp"  // kernels/: float -> bf16, nearest even
 
 using namespace shardopt;
 using shardopt_test::world;
@@ -22,13 +23,6 @@ struct Setup {
   bool external = false;  // the caller's buffers; the sync's staging is what nodes share
 };
 
-// bf16 bits of a float, rounded to nearest even (the values here are finite).
-uint16_t bf16_of(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof u);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 // The same parameters on every rank, in the given dtype.
 struct Values {
   std::vector<std::vector<float>> f32;
@@ -38,7 +32,7 @@ struct Values {
     for (std::size_t i = 0; i < kSizes.size(); ++i) {
       f32.push_back(shardopt_test::seeded_values(seed + static_cast<uint32_t>(i), kSizes[i]));
       std::vector<uint16_t> half;
-      for (float x : f32.back()) half.push_back(bf16_of(x));
+      for (float x : f32.back()) half.push_back(kernels::float_to_bf16(x));
       bf16.push_back(std::move(half));
       grads.emplace_back(static_cast<std::size_t>(kSizes[i]), 0.f);
     }

@@ -218,32 +218,17 @@ class MpiCommunicator final : public Communicator {
 
   std::shared_ptr<Communicator> split(int color, int key) override {
     state_->check_usable("split");
-    // MPI_Comm_split blocks with no deadline: all ranks meet in a watched barrier first, so a
-    // rank that never calls split becomes a timeout here instead of a hang there.
-    MPI_Request request;
-    state_->check(MPI_Ibarrier(state_->comm(), &request), "MPI_Ibarrier");
-    MpiPending(state_, "split", request).wait();
+    meet_before_blocking_call("split");
     MPI_Comm child = MPI_COMM_NULL;
     state_->check(MPI_Comm_split(state_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &child),
                   "MPI_Comm_split");
     if (child == MPI_COMM_NULL) return nullptr;
-    std::shared_ptr<Communicator> result;
-    try {
-      result = std::make_shared<MpiCommunicator>(state_->runtime(), child, state_->options());
-    } catch (...) {
-      MPI_Comm_free(&child);
-      throw;
-    }
-    MPI_Comm_free(&child);  // the new communicator holds its own duplicate
-    return result;
+    return adopt(child);
   }
 
   std::shared_ptr<Communicator> split_node() override {
     state_->check_usable("split_node");
-    // As split: a watched barrier first, since MPI_Comm_split_type has no deadline.
-    MPI_Request request;
-    state_->check(MPI_Ibarrier(state_->comm(), &request), "MPI_Ibarrier");
-    MpiPending(state_, "split_node", request).wait();
+    meet_before_blocking_call("split_node");
     MPI_Comm shared = MPI_COMM_NULL;
     state_->check(MPI_Comm_split_type(state_->comm(), MPI_COMM_TYPE_SHARED, state_->rank(), MPI_INFO_NULL, &shared),
                   "MPI_Comm_split_type");
@@ -256,18 +241,30 @@ class MpiCommunicator final : public Communicator {
       MPI_Comm_free(&shared);
       state_->check(status, "MPI_Comm_split");
     }
-    std::shared_ptr<Communicator> result;
-    try {
-      result = std::make_shared<MpiCommunicator>(state_->runtime(), node, state_->options());
-    } catch (...) {
-      MPI_Comm_free(&node);
-      throw;
-    }
-    MPI_Comm_free(&node);
-    return result;
+    return adopt(node);
   }
 
  private:
+  // MPI_Comm_split and MPI_Comm_split_type block with no deadline: all ranks meet in a watched
+  // barrier first, so a rank that never calls becomes a timeout here instead of a hang there.
+  void meet_before_blocking_call(const char* op) {
+    MPI_Request request;
+    state_->check(MPI_Ibarrier(state_->comm(), &request), "MPI_Ibarrier");
+    MpiPending(state_, op, request).wait();
+  }
+  // A communicator over `child`, which is freed either way (the new one holds its duplicate).
+  std::shared_ptr<Communicator> adopt(MPI_Comm& child) {
+    std::shared_ptr<Communicator> result;
+    try {
+      result = std::make_shared<MpiCommunicator>(state_->runtime(), child, state_->options());
+    } catch (...) {
+      MPI_Comm_free(&child);
+      throw;
+    }
+    MPI_Comm_free(&child);
+    return result;
+  }
+
   std::shared_ptr<MpiCommState> state_;
   bool cuda_aware_ = false;
 };
