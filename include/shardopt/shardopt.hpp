@@ -1,6 +1,7 @@
 // shardopt/shardopt.hpp — the C++ API in one include.
 #pragma once
 
+#include "shardopt/averaging.hpp"
 #include "shardopt/checkpoint.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/error.hpp"
