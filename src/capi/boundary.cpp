@@ -27,8 +27,26 @@ HandleRegistry& registry() {
 const char* kind_name(uint64_t magic) {
   if (magic == kCommMagic) return "shardopt_comm_t";
   if (magic == kOptimizerMagic) return "shardopt_optimizer_t";
+  if (magic == kModelAveragerMagic) return "shardopt_model_averager_t";
+  if (magic == kPostLocalSgdMagic) return "shardopt_post_local_sgd_t";
   return "unknown handle";
 }
+
+// Guards the counts of shardopt_optimizer_s (users, retired); never destroyed, as the registry.
+std::mutex& lifetime_mutex() {
+  static std::mutex* instance = new std::mutex;
+  return *instance;
+}
+
+// The optimizer first (it may still point into the tensors), then the producers' deleters, in
+// registration order.
+void free_optimizer(shardopt_optimizer_s* opt) noexcept {
+  opt->opt.reset();
+  for (shardopt::DlpackOwner& t : opt->owned) t.reset();
+  delete opt;
+}
+
+}  // namespace
 
 // The live handle `handle` of kind `magic`, or the reason it is not one.
 void check_handle(const void* handle, uint64_t magic, const char* name) {
@@ -42,8 +60,6 @@ void check_handle(const void* handle, uint64_t magic, const char* name) {
     fail(SHARDOPT_ERR_BAD_HANDLE, "{} is a {}, not a {}", name, kind_name(kind), kind_name(magic));
   }
 }
-
-}  // namespace
 
 shardopt_status status_from(ErrorCode code) noexcept {
   switch (code) {
@@ -150,6 +166,30 @@ shardopt_optimizer_s& checked_optimizer(shardopt_optimizer_t opt, const char* na
   check_handle(opt, kOptimizerMagic, name);
   if (opt->magic != kOptimizerMagic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
   return *opt;
+}
+
+void retain_optimizer(shardopt_optimizer_s& opt) {
+  std::lock_guard<std::mutex> lock(lifetime_mutex());
+  ++opt.users;
+}
+
+void release_optimizer(shardopt_optimizer_s* opt) noexcept {
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(lifetime_mutex());
+    last = --opt->users == 0 && opt->retired;
+  }
+  if (last) free_optimizer(opt);
+}
+
+void retire_optimizer(shardopt_optimizer_s* opt) noexcept {
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(lifetime_mutex());
+    opt->retired = true;
+    last = opt->users == 0;
+  }
+  if (last) free_optimizer(opt);
 }
 
 }  // namespace capi

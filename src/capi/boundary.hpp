@@ -30,6 +30,10 @@ struct shardopt_optimizer_s {
   std::shared_ptr<shardopt::Communicator> comm;  // keeps it alive past shardopt_comm_destroy
   std::unique_ptr<shardopt::ZeroOptimizer> opt;
   std::vector<shardopt::DlpackOwner> owned;      // DLPack tensors, deleted after opt
+  // Handles built over this optimizer (averagers) that keep it alive, and whether its own
+  // handle was destroyed; both guarded by one lock (see retain_optimizer).
+  int users = 0;
+  bool retired = false;
 };
 
 namespace shardopt {
@@ -37,6 +41,8 @@ namespace capi {
 
 constexpr uint64_t kCommMagic = 0x73686172645f636dull;       // "shard_cm"
 constexpr uint64_t kOptimizerMagic = 0x73686172645f6f70ull;  // "shard_op"
+constexpr uint64_t kModelAveragerMagic = 0x73686172645f6d61ull;  // "shard_ma"
+constexpr uint64_t kPostLocalSgdMagic = 0x73686172645f706cull;   // "shard_pl"
 
 // A failure with a status that has no shardopt::ErrorCode (handles, NULL, struct sizes), or
 // one whose status must survive a round trip through a collective.
@@ -232,8 +238,18 @@ void register_handle(const void* handle, uint64_t magic);
 void unregister_handle(const void* handle);
 uint64_t live_handle_kind(const void* handle);
 
+// Refuses a handle that is NULL, not live, or of another kind than `magic`, by name.
+void check_handle(const void* handle, uint64_t magic, const char* name);
+
 shardopt_comm_s& checked_comm(shardopt_comm_t comm, const char* name);
 shardopt_optimizer_s& checked_optimizer(shardopt_optimizer_t opt, const char* name);
+
+// An optimizer outlives the handles built over it (averagers hold a ZeroOptimizer&): each such
+// handle retains it at creation and releases it when destroyed; shardopt_optimizer_destroy
+// retires the handle, and whichever comes last frees the optimizer and its DLPack tensors.
+void retain_optimizer(shardopt_optimizer_s& opt);
+void release_optimizer(shardopt_optimizer_s* opt) noexcept;
+void retire_optimizer(shardopt_optimizer_s* opt) noexcept;
 
 }  // namespace capi
 }  // namespace shardopt

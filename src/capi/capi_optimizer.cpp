@@ -44,11 +44,8 @@ shardopt_status shardopt_optimizer_destroy(shardopt_optimizer_t opt) {
     checked_optimizer(opt, "opt");
     unregister_handle(opt);
     opt->magic = 0;
-    // The optimizer first (it may still point into the tensors), then the producers' deleters,
-    // in registration order.
-    opt->opt.reset();
-    for (shardopt::DlpackOwner& t : opt->owned) t.reset();
-    delete opt;
+    // Freed now, or by the last averager still built over it.
+    retire_optimizer(opt);
   });
 }
 

@@ -38,6 +38,9 @@ foreach(required
     "shardopt_optimizer_reduce_gradient" "shardopt_optimizer_reduce_gradient_dlpack"
     "shardopt_optimizer_clip_grad_norm" "shardopt_optimizer_loss_scale" "shardopt_optimizer_set_loss_scale"
     "shardopt_optimizer_last_step" "shardopt_default_hyperparams" "shardopt_optimizer_get_defaults"
+    "shardopt_model_averager_create" "shardopt_model_averager_average_parameters"
+    "shardopt_post_local_sgd_create" "shardopt_post_local_sgd_step" "shardopt_post_local_sgd_state_dict_step"
+    "shardopt::PostLocalSGDOptimizer::step()" "shardopt::ModelAverager::average_parameters()"
     "shardopt::mpi_world(" "shardopt::ZeroOptimizer::step()" "typeinfo for shardopt::Error"
     "typeinfo for shardopt::Communicator" "shardopt::error_code_name(" "shardopt::cpu_kernel_isa(")
   string(FIND "${listing}" "${required}" at)
