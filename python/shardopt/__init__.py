@@ -14,22 +14,44 @@ parameters, updates that shard and syncs the parameters back to every rank::
         weight_decay=0.05,  # keyword hyperparameters: the defaults that groups' missing keys take
     )
     opt.hyperparams(0).lr = 5e-4  # a live view of the group: takes effect at the next step
+
+Local SGD (torch's PostLocalSGDOptimizer): each replica is a ZeroOptimizer over a split of the
+world (here the ranks of one node), and the replicas average their parameters every few steps::
+
+    world = shardopt.mpi_world()
+    replica = world.split(color=node_index)  # e.g. one colour per node
+    opt = shardopt.ZeroOptimizer(replica, groups, config)
+    local_sgd = shardopt.PostLocalSGDOptimizer(
+        world, opt, shardopt.periodic_averager(period=4, warmup_steps=100),
+        outer=None,  # or dict(lr=0.7, momentum=0.9, nesterov=True): DiLoCo's outer optimizer
+    )
+    local_sgd.reduce_gradients()  # over the world during warmup, the replica after it
+    local_sgd.step()              # the optimizer's step, then the averaging
 """
 from ._shardopt import (  # noqa: F401  (the public API)
     Algorithm,
+    AveragerConfig,
+    CommunicationCounts,
     Communicator,
     Error,
+    HierarchicalModelAverager,
     Hyperparams,
     HyperparamsView,
     MemoryReport,
+    ModelAverager,
     OptimizerConfig,
+    OuterOptimizer,
     PartitionStrategy,
+    PeriodicModelAverager,
+    PostLocalSGDOptimizer,
     Storage,
     ZeroOptimizer,
     default_hyperparams,
+    hierarchical_averager,
     mpi_world,
     nccl_compiled_in,
     nccl_world,
+    periodic_averager,
     version,
 )
 

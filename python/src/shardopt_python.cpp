@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "py_averaging.hpp"
 #include "py_hyperparams.hpp"
 #include "py_hyperparams_view.hpp"
 #include "py_optimizer.hpp"
@@ -292,5 +293,8 @@ NB_MODULE(_shardopt, m) {
           "communicator", [](const Opt& s) -> shardopt::Communicator& { return s.opt->communicator(); },
           nb::rv_policy::reference_internal)
       .def_prop_ro("config", [](const Opt& s) { return s.opt->config(); });
+
+  // Over the ZeroOptimizer and Communicator bound above.
+  bind_averaging(m);
 }
 
