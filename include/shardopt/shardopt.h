@@ -645,9 +645,9 @@ SHARDOPT_C_API shardopt_status shardopt_post_local_sgd_communication(shardopt_po
  * not from C: only its averager part is, below. */
 SHARDOPT_C_API shardopt_status shardopt_post_local_sgd_consolidate_state_dict(shardopt_post_local_sgd_t plsgd,
                                                                               int to);
-/* The averager's part of the consolidated state dict (torch's state_dict()["step"]): *has_step
- * 1 and *step the averager's step when the dict was consolidated here. On a rank that holds no
- * consolidated dict, SHARDOPT_ERR_INVALID_ARGUMENT as the C++ state_dict() raises. */
+/* The averager's part of the state dict (torch's state_dict()["step"]) on the rank that
+ * consolidated it: *has_step 1 and *step the averager's step now. On a rank that holds no
+ * consolidated dict, SHARDOPT_ERR_INVALID_ARGUMENT, as the C++ state_dict() raises there. */
 SHARDOPT_C_API shardopt_status shardopt_post_local_sgd_state_dict_step(shardopt_post_local_sgd_t plsgd,
                                                                        int32_t* has_step, int64_t* step);
 

@@ -44,18 +44,18 @@ AveragerConfig averager_config_from(const shardopt_averager_config* config) {
   return result;
 }
 
-// The arguments of a create, read on this rank. A failure joins the constructor's agreement
-// over `world` (named `operation`), so that the other ranks, already inside it, fail too.
-shardopt_optimizer_s& create_arguments(Communicator& world, const char* operation, shardopt_optimizer_t opt,
-                                       const shardopt_averager_config* config, AveragerConfig& parsed,
-                                       void* out) {
+// The arguments of a create, read on this rank. A failure joins the agreement over `world`
+// that the other ranks' constructors start ("ModelAverager", also inside PostLocalSGDOptimizer),
+// so that they fail too instead of waiting for this rank.
+shardopt_optimizer_s& create_arguments(Communicator& world, shardopt_optimizer_t opt,
+                                       const shardopt_averager_config* config, AveragerConfig& parsed, void* out) {
   try {
     check_not_null(out, "out");
     shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
     parsed = averager_config_from(config);
     return o;
   } catch (...) {
-    fail_collectively(world, operation, std::current_exception());
+    fail_collectively(world, "ModelAverager", std::current_exception());
   }
 }
 
@@ -124,7 +124,7 @@ shardopt_status shardopt_model_averager_create(shardopt_comm_t world, shardopt_o
     shardopt_comm_s& w = checked_comm(world, "world");
     if (out != nullptr) *out = nullptr;
     shardopt::AveragerConfig cfg;
-    shardopt_optimizer_s& o = create_arguments(*w.comm, "ModelAverager", opt, config, cfg, out);
+    shardopt_optimizer_s& o = create_arguments(*w.comm, opt, config, cfg, out);
     auto averager = std::make_unique<shardopt::ModelAverager>(w.comm, *o.opt, std::move(cfg));
     *out = publish(kModelAveragerMagic, o, std::move(averager), &shardopt_model_averager_s::averager);
   });
@@ -193,7 +193,7 @@ shardopt_status shardopt_post_local_sgd_create(shardopt_comm_t world, shardopt_o
     shardopt_comm_s& w = checked_comm(world, "world");
     if (out != nullptr) *out = nullptr;
     shardopt::AveragerConfig cfg;
-    shardopt_optimizer_s& o = create_arguments(*w.comm, "PostLocalSGDOptimizer", opt, config, cfg, out);
+    shardopt_optimizer_s& o = create_arguments(*w.comm, opt, config, cfg, out);
     auto plsgd = std::make_unique<shardopt::PostLocalSGDOptimizer>(w.comm, *o.opt, std::move(cfg));
     *out = publish(kPostLocalSgdMagic, o, std::move(plsgd), &shardopt_post_local_sgd_s::plsgd);
   });
