@@ -291,7 +291,8 @@ void bind_averaging(nb::module_& m) {
           [](Plsgd* self, std::shared_ptr<shardopt::Communicator> world, nb::handle optimizer,
              const shardopt::AveragerConfig& averager, nb::handle outer) {
             world = checked_world(std::move(world), "PostLocalSGDOptimizer");
-            auto [opt, config] = read_collectively(*world, "PostLocalSGDOptimizer", [&] {
+            // Its constructor's first agreement is its ModelAverager's: a failed read joins that.
+            auto [opt, config] = read_collectively(*world, "ModelAverager", [&] {
               PyZeroOptimizer& o = zero_optimizer(optimizer, "PostLocalSGDOptimizer");
               shardopt::AveragerConfig c = averager;
               c.outer = outer_from(outer, c.outer);
