@@ -20,20 +20,25 @@
 // rank its own replica), on the same data (each rank its own batch) for the same number of
 // steps. Rank 0 then prints, for the synchronous run (sharded if it ran, else replicated) and
 // for local SGD, the bytes it communicated (total and per step) and the final loss, and the
-// ratio of the bytes per step. What is counted:
+// ratio of the bytes per step. What is counted, over the steps only (not the construction,
+// --resume or --save):
 //  - bytes: the payload rank 0 handed to collectives of more than one rank, its own
 //    contribution: all_reduce/reduce/all_gather `count` elements, reduce_scatter its whole send
 //    buffer, a broadcast on its root only; f32/bf16/f16 only (the byte-typed agreement records
-//    and checkpoint objects are control traffic), never barriers.
-//  - synchronous: every such collective the ZeroOptimizer over the world issues, counted by
+//    are control traffic), never barriers. This is also how communication() counts.
+//  - synchronous: every such collective of the ZeroOptimizer over the world, counted by
 //    wrapping the communicator it is given (demo/counting_comm): the gradient averaging (stage
-//    1 all-reduce of the whole padded gradient buffer; stage 2 one reduce per owner) and the
+//    1 all-reduce of the whole, padded, gradient buffer; stage 2 one reduce per owner) and the
 //    parameter sync. On one machine the ranks share the parameter buffer, so the sync is a
 //    barrier and adds nothing; across nodes it is a broadcast of each rank's shard.
-//  - local SGD: PostLocalSGDOptimizer::communication() gradient_bytes + averaging_bytes (the
-//    gradient averaging over the world in warmup, the parameter averaging and outer optimizer),
-//    plus replica_bytes: the replica's own ZeroOptimizer collectives (gradient reduction and
-//    parameter sync within the replica), counted as for the synchronous run; 0 with replica=1.
+//  - local SGD: PostLocalSGDOptimizer::communication() gradient_bytes (the gradients averaged
+//    across the replicas in warmup, and the replica's own gradient reduction when replica > 1,
+//    as its trainable elements) + averaging_bytes (each rank's shard, as f32, at every
+//    averaging), plus replica_bytes: what the replica's ZeroOptimizer hands to collectives
+//    outside the gradient calls (its parameter sync, also after each averaging; clipping),
+//    counted as for the synchronous run; 0 with replica=1. cross_replica_bytes: what the
+//    demo counted on the world communicator the averager was given (and the groups it split
+//    from it): the part of bytes that crossed replicas, i.e. all but the replica's own.
 //  - final_loss: the last step's loss (MSE on the rank's own batch, computed before that
 //    step's update), the mean over all ranks. With local SGD each rank's loss is that of its
 //    replica's model, which between averagings fits that replica's batches only.
@@ -70,15 +75,20 @@ using shardopt_demo::UsageError;
 void print_local_sgd(const Options& options, RunKind sync_kind, const ModeResult& sync, const ModeResult& local) {
   const double sync_per_step = static_cast<double>(sync.comm_bytes) / sync.steps;
   const double local_per_step = static_cast<double>(local.comm_bytes) / local.steps;
-  std::printf("sync: mode=%s steps=%d bytes=%" PRId64 " bytes_per_step=%.1f final_loss=%.6f\n",
+  std::printf("sync: mode=%s steps=%d bytes=%" PRId64 " bytes_per_step=%.1f final_loss=%.6e\n",
               shardopt_demo::run_kind_name(sync_kind), sync.steps, sync.comm_bytes, sync_per_step,
               sync.final_loss);
   std::printf("local_sgd: spec=%s replicas=%d steps=%d averages=%" PRId64 " gradient_bytes=%" PRId64
               " averaging_bytes=%" PRId64 " replica_bytes=%" PRId64 " bytes=%" PRId64
-              " bytes_per_step=%.1f final_loss=%.6f step_ms_median=%.3f\n",
+              " bytes_per_step=%.1f cross_replica_bytes=%" PRId64 " final_loss=%.6e step_ms_median=%.3f\n",
               options.local_sgd.spec.c_str(), local.replicas, local.steps, local.local.averages,
               local.local.gradient_bytes, local.local.averaging_bytes, local.replica_bytes, local.comm_bytes,
-              local_per_step, local.final_loss, local.step_ms_median);
+              local_per_step, local.world_counted_bytes, local.final_loss, local.step_ms_median);
+  if (options.verbose) {
+    // Cross-check: the replica's own gradient reduction as the demo counted it (the whole,
+    // padded, buffer), which communication() counts inside gradient_bytes (trainable elements).
+    std::printf("local_sgd counted: replica_gradient_bytes=%" PRId64 "\n", local.replica_gradient_bytes);
+  }
   // No bytes at all (one rank) has no ratio.
   if (local.comm_bytes > 0) {
     std::printf("bytes_ratio=%.6f (sync/local_sgd, per step)\n", sync_per_step / local_per_step);

@@ -73,7 +73,7 @@ finite_losses() {  # finite_losses: both final_loss= values are plain finite num
   sync=$(field 'sync:' final_loss <<<"$out")
   local_sgd=$(field 'local_sgd:' final_loss <<<"$out")
   for v in "$sync" "$local_sgd"; do
-    [[ $v =~ ^[0-9]+\.[0-9]+$ ]] || fail "final_loss '$v' is not a finite number"
+    [[ $v =~ ^[0-9]\.[0-9]+e[-+][0-9]+$ ]] || fail "final_loss '$v' is not a finite number"
   done
   echo "final_loss sync=$sync local_sgd=$local_sgd"
 }

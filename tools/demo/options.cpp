@@ -45,7 +45,8 @@ const char* const usage_text =
     "  --storage bucket_view|external      who owns the param/grad buffers (default bucket_view)\n"
     "  --threads N                         OpenBLAS and optimizer threads per rank (default 1)\n"
     "  --save DIR                          after the steps, save a sharded checkpoint of each\n"
-    "                                      mode into DIR/sharded and DIR/replicated\n"
+    "                                      mode into DIR/sharded and DIR/replicated (and\n"
+    "                                      DIR/local_sgd)\n"
     "  --resume DIR                        before the steps, load the checkpoint of each mode\n"
     "                                      from DIR/<mode> (any world size wrote it)\n"
     "  --local-sgd SPEC                    after the usual runs, train with PostLocalSGDOptimizer\n"
@@ -58,10 +59,10 @@ const char* const usage_text =
     "                                      size in world ranks, the last one the world (torch's\n"
     "                                      HierarchicalModelAverager; period= may be left out,\n"
     "                                      or must equal the last level's); outer: the world\n"
-    "                                      level applies Nesterov SGD to the replicas' average\n"
-    "                                      change (DiLoCo); replica: ranks per replica, which\n"
-    "                                      share one sharded optimizer (default 1: every rank\n"
-    "                                      its own replica, classic local SGD)\n"
+    "                                      level applies SGD (Nesterov when MOMENTUM > 0) to the\n"
+    "                                      replicas' average change (DiLoCo); replica: ranks per\n"
+    "                                      replica, which share one sharded optimizer (default\n"
+    "                                      1: every rank its own replica, classic local SGD)\n"
     "  --verbose                           also print every step's loss (with f16 the loss\n"
     "                                      scale and whether the step was skipped, with --clip\n"
     "                                      the gradient norm) and the memory report\n"
@@ -80,11 +81,15 @@ const char* const usage_text =
     "With --local-sgd, three more lines follow (see the README):\n"
     "  sync: mode=M steps=S bytes=B bytes_per_step=X final_loss=L\n"
     "  local_sgd: spec=SPEC replicas=R steps=S averages=A gradient_bytes=G averaging_bytes=V\n"
-    "    replica_bytes=Q bytes=B bytes_per_step=X final_loss=L   (one line)\n"
-    "  bytes_ratio=X (synchronous / local SGD, per step)\n"
-    "bytes: the payload this rank handed to collectives of more than one rank (its own\n"
-    "contribution: a broadcast counts on its root only); final_loss: the last step's loss, the\n"
-    "mean over all ranks.\n";
+    "    replica_bytes=Q bytes=B bytes_per_step=X cross_replica_bytes=C final_loss=L\n"
+    "    step_ms_median=T   (one line)\n"
+    "  bytes_ratio=X (sync/local_sgd, per step)\n"
+    "bytes: the payload this rank handed to collectives of more than one rank during the steps\n"
+    "(its own contribution: a broadcast counts on its root only); local SGD: gradient_bytes +\n"
+    "averaging_bytes from PostLocalSGDOptimizer::communication() plus replica_bytes, what the\n"
+    "replica's optimizer hands to collectives outside the gradient calls (parameter sync);\n"
+    "cross_replica_bytes: the part of bytes that crossed replicas (all of it with replica=1);\n"
+    "final_loss: the last step's loss, the mean over all ranks.\n";
 
 namespace {
 
@@ -202,6 +207,9 @@ shardopt::AveragerConfig averager_config(const LocalSgdOptions& local) {
   if (local.outer) {
     config.outer.lr = local.outer_lr;
     config.outer.momentum = local.outer_momentum;
+    // DiLoCo's Nesterov momentum; torch's SGD refuses Nesterov without momentum, so momentum 0
+    // is plain SGD on the pseudo-gradient (lr 1 then is plain averaging).
+    config.outer.nesterov = local.outer_momentum > 0.0;
   }
   return config;
 }

@@ -89,14 +89,21 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
     post_local = std::make_unique<shardopt::PostLocalSGDOptimizer>(counted_world, opt,
                                                                     averager_config(options.local_sgd));
   }
-  // The three calls a step makes, through the wrapper when there is one.
+  // The three calls a step makes, through the wrapper when there is one. communication()'s
+  // gradient_bytes already counts the replica's own gradient reduction, so what the replica
+  // hands to collectives inside the two gradient calls is set apart, not added again.
+  int64_t replica_gradient_bytes = 0;
   const auto reduce_gradients = [&] {
+    const int64_t before = replica_counter->bytes;
     if (post_local) post_local->reduce_gradients();
     else opt.reduce_gradients();
+    replica_gradient_bytes += replica_counter->bytes - before;
   };
   const auto reduce_gradient = [&](shardopt::ParamId id, const TensorRef& grad) {
+    const int64_t before = replica_counter->bytes;
     if (post_local) post_local->reduce_gradient(id, grad);
     else opt.reduce_gradient(id, grad);
+    replica_gradient_bytes += replica_counter->bytes - before;
   };
   const auto step_optimizer = [&] {
     if (post_local) post_local->step();
@@ -205,6 +212,11 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   make_batch(options.seed, rank, input, target);
   std::vector<double> step_ms;
   double loss = 0.0;
+  // Only the steps count: neither the construction nor --resume/--save.
+  const int64_t world_bytes_before = world_counter->bytes;
+  const int64_t replica_bytes_before = replica_counter->bytes;
+  const shardopt::CommunicationCounts local_before =
+      post_local ? post_local->communication() : shardopt::CommunicationCounts{};
   for (int step = 0; step < options.steps; ++step) {
     refresh_views();
     // The backward pass overwrites the gradients, so no zero_grad() is needed.
@@ -246,6 +258,16 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
                     extra.c_str(), mode_name);
       }
     }
+  }
+
+  const int64_t world_bytes = world_counter->bytes - world_bytes_before;
+  const int64_t replica_bytes = replica_counter->bytes - replica_bytes_before;
+  shardopt::CommunicationCounts local_counts;
+  if (post_local) {
+    const shardopt::CommunicationCounts& after = post_local->communication();
+    local_counts.gradient_bytes = after.gradient_bytes - local_before.gradient_bytes;
+    local_counts.averaging_bytes = after.averaging_bytes - local_before.averaging_bytes;
+    local_counts.averages = after.averages - local_before.averages;
   }
 
   if (!options.save_dir.empty()) {
@@ -296,13 +318,14 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   result.final_loss = static_cast<double>(final_loss);
   result.steps = options.steps;
   if (post_local) {
-    result.local = post_local->communication();
-    result.replica_bytes = replica_counter->bytes;
-    result.world_counted_bytes = world_counter->bytes;
-    result.comm_bytes = result.local.gradient_bytes + result.local.averaging_bytes + result.replica_bytes;
+    result.local = local_counts;
+    result.replica_bytes = replica_bytes - replica_gradient_bytes;
+    result.replica_gradient_bytes = replica_gradient_bytes;
+    result.world_counted_bytes = world_bytes;
+    result.comm_bytes = local_counts.gradient_bytes + local_counts.averaging_bytes + result.replica_bytes;
     result.replicas = post_local->averager().num_replicas();
   } else {
-    result.comm_bytes = world_counter->bytes;
+    result.comm_bytes = world_bytes;
   }
   return result;
 }

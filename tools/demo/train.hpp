@@ -25,14 +25,19 @@ struct ModeResult {
   double params_sum = 0.0;  // local_sgd: of this rank's replica
   double final_loss = 0.0;  // the last step's loss, the mean over all ranks of the world
   int steps = 0;
-  // Payload bytes this rank handed to collectives of more than one rank (counting_comm.hpp).
-  // sharded/replicated: all the optimizer's. local_sgd: gradient_bytes + averaging_bytes of
-  // communication() plus replica_bytes.
+  // Payload bytes this rank handed to collectives of more than one rank during the steps
+  // (counting_comm.hpp). sharded/replicated: all the optimizer's. local_sgd: gradient_bytes +
+  // averaging_bytes of communication() plus replica_bytes.
   int64_t comm_bytes = 0;
-  // local_sgd only.
+  // local_sgd only, all over the steps.
   shardopt::CommunicationCounts local;  // PostLocalSGDOptimizer::communication()
-  int64_t replica_bytes = 0;            // the ZeroOptimizer's own, within the replica
-  int64_t world_counted_bytes = 0;      // counted here on the world and its splits
+  // The replica's ZeroOptimizer outside the gradient calls (its parameter sync, the sync after
+  // an averaging, clipping); the gradient calls' share is in communication().gradient_bytes.
+  int64_t replica_bytes = 0;
+  // Counted here on the replica inside the gradient calls (--verbose prints it).
+  int64_t replica_gradient_bytes = 0;
+  // Counted here on the world and its splits (the averager's groups): what crossed replicas.
+  int64_t world_counted_bytes = 0;
   int replicas = 0;
 };
 
