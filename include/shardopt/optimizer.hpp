@@ -283,6 +283,8 @@ class SHARDOPT_API ZeroOptimizer {
 
   // The internals, defined inside the library (opaque here; named so its modules can pass it).
   struct Impl;
+  // The library's other modules (model averaging) reach the internals through this.
+  friend Impl& optimizer_internals(ZeroOptimizer& optimizer);
 
  private:
   std::unique_ptr<Impl> impl_;

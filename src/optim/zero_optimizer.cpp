@@ -336,6 +336,8 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
   checkpoint::install_state_dict(parts_of(im), state);
 }
 
+ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer) { return *optimizer.impl_; }
+
 Communicator& ZeroOptimizer::communicator() const { return impl_->dev.comm(); }
 const OptimizerConfig& ZeroOptimizer::config() const { return impl_->config; }
 

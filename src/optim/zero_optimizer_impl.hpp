@@ -35,4 +35,6 @@ struct ZeroOptimizer::Impl {
   std::optional<StateDict> consolidated;
 };
 
+ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer);
+
 }  // namespace shardopt

@@ -1,0 +1,169 @@
+// src/averaging/model_averager.cpp — ModelAverager: the construction's agreement and checks, and average_parameters() (plain average or outer step).
+#include <fmt/format.h>
+
+#include "averaging/averaging_schedule.hpp"
+#include "averaging/model_averager_impl.hpp"
+#include "averaging/shard_values.hpp"
+#include "comm/agreement.hpp"
+#include "core/check.hpp"
+#include "cpu/update_cpu.hpp"
+
+namespace shardopt {
+
+using comm::AgreementRecord;
+
+namespace {
+
+// What every rank of the world must agree on about its replica's optimizer: replicas that
+// registered different models would "average" unrelated values.
+void add_replica_fields(ZeroOptimizer::Impl& im, AgreementRecord& record) {
+  const optim::ShardState& shard = im.shard;
+  record.field("replica algorithm", algorithm_name(im.config.algorithm));
+  record.field("replica dtype", dtype_name(shard.dtype()));
+  record.field("replica storage", im.config.storage == Storage::bucket_view ? "bucket_view" : "external");
+  record.field("replica sharding", im.config.shard_state ? partition_name(im.config.partition) : "replicated");
+  record.field("replica parameters", fmt::format("{}", im.table.size()));
+  uint64_t hash = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
+  for (std::size_t i = 0; i < im.table.size(); ++i) {
+    const optim::ParamRecord& p = im.table.params()[i];
+    for (char c : p.name) mix(static_cast<unsigned char>(c));
+    mix(static_cast<uint64_t>(p.numel));
+    mix(p.trainable ? 1 : 0);
+  }
+  record.field("replica parameter names, sizes and trainable flags", fmt::format("hash {:#018x}", hash));
+}
+
+void add_config_fields(const AveragerConfig& config, AgreementRecord& record) {
+  std::string levels;
+  for (const AveragingLevel& l : config.levels) levels += fmt::format("{}:{} ", l.period, l.group_size);
+  record.field("levels (period:group size)", levels);
+  record.field("warmup_steps", fmt::format("{}", config.warmup_steps));
+  record.field("hierarchical", config.hierarchical ? "true" : "false");
+  record.field("bucket_bytes", fmt::format("{}", config.bucket_bytes));
+  record.field("outer optimizer", config.outer.enabled ? fmt::format("lr {} momentum {} nesterov {}", config.outer.lr,
+                                                                     config.outer.momentum, config.outer.nesterov)
+                                                       : "off");
+}
+
+}  // namespace
+
+void ModelAverager::Impl::snapshot_anchor() {
+  const optim::ShardState& shard = opt().shard;
+  const int64_t numel = shard.own_shard().numel;
+  outer.anchor.assign(static_cast<std::size_t>(numel), 0.f);
+  outer.momentum.assign(static_cast<std::size_t>(numel), 0.f);
+  outer.steps = 0;
+  outer.layout_version = shard.layout_version();
+  for (const averaging::ValueSpan& s : averaging::shard_value_spans(shard)) {
+    std::copy(s.data, s.data + s.count, outer.anchor.begin() + s.shard_offset);
+  }
+}
+
+ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer& optimizer, AveragerConfig config)
+    : impl_(std::make_unique<Impl>(world, optimizer)) {
+  SHARDOPT_CHECK(world != nullptr, invalid_argument, "ModelAverager: the world communicator is null");
+  Impl& im = *impl_;
+  ZeroOptimizer::Impl& opt = im.opt();
+  Communicator& replica = opt.dev.host_comm();
+  // The world rank of the replica's first rank identifies the replica (collective within it).
+  int32_t leader = world->rank();
+  replica.broadcast(&leader, sizeof leader, DType::byte, 0);
+
+  AgreementRecord record("ModelAverager");
+  record.validate([&] {
+    im.config = averaging::validated_config(config, world->size());
+    SHARDOPT_CHECK(!opt.dev.on_device(), unsupported,
+                   "ModelAverager: the optimizer's parameters are on {}; model averaging runs on CPU parameters only",
+                   device_name(opt.dev.device()));
+  });
+  add_config_fields(config, record);
+  add_replica_fields(opt, record);
+  record.set_payload(0, static_cast<uint64_t>(replica.size()));
+  record.set_payload(1, static_cast<uint64_t>(replica.rank()));
+  record.set_payload(2, static_cast<uint64_t>(leader));
+  const std::vector<comm::Payload> payloads = comm::agree(*world, record);
+  std::vector<averaging::RankPlace> places;
+  for (const comm::Payload& p : payloads) {
+    places.push_back(averaging::RankPlace{static_cast<int>(p[0]), static_cast<int>(p[1]), static_cast<int>(p[2])});
+  }
+  // Every rank holds the same list, so every rank raises the same error, or none does.
+  im.groups = averaging::make_replica_groups(*world, places, im.config);
+  if (im.config.outer.enabled) im.snapshot_anchor();
+}
+
+ModelAverager::~ModelAverager() = default;
+
+void ModelAverager::average_parameters() {
+  Impl& im = *impl_;
+  ZeroOptimizer::Impl& opt = im.opt();
+  const int level = averaging::level_at(im.config, im.step);
+  if (level >= 0) {
+    const bool outer_step = im.config.outer.enabled && level + 1 == static_cast<int>(im.config.levels.size());
+    Communicator& peers = *im.groups.level_peers[static_cast<std::size_t>(level)];
+    const optim::ShardState& shard = opt.shard;
+    // The replica's ranks, then the partners of this shard, agree on the step and the layout.
+    AgreementRecord record("average_parameters");
+    record.field("averager step", fmt::format("{}", im.step));
+    record.validate([&] {
+      opt.reducer.check_no_open_round("average_parameters");
+      SHARDOPT_CHECK(!outer_step || im.outer.layout_version == shard.layout_version(), invalid_argument,
+                     "average_parameters: the optimizer's layout changed (set_trainable or add_param_group) since the "
+                     "outer optimizer's state was taken; build a new averager");
+    });
+    comm::agree(opt.dev.host_comm(), record);
+    record.field("shard elements", fmt::format("{}", shard.own_shard().numel));
+    if (peers.size() > 1) comm::agree(peers, record);
+
+    const std::vector<averaging::ValueSpan> values = averaging::shard_value_spans(shard);
+    std::vector<averaging::HostSpan> spans;
+    for (const averaging::ValueSpan& v : values) spans.push_back(averaging::HostSpan{v.data, v.count});
+    const int threads = im.optimizer.config().cpu_threads;
+    const float replicas = static_cast<float>(peers.size());
+    // torch's average_parameters: each value divided by the group's size, then summed.
+    im.counts.averaging_bytes += averaging::all_reduce_spans(
+        peers, spans, DType::f32, std::max<int64_t>(16, im.config.bucket_bytes / 4), ReduceOp::sum,
+        [&](void* data, int64_t n) { kernels::divide_cpu(data, DType::f32, n, replicas, threads); });
+    if (outer_step) {
+      const OuterOptimizer& o = im.config.outer;
+      const kernels::SgdScalars scalars =
+          kernels::make_sgd_scalars(o.lr, o.momentum, 0.0, 0.0, o.nesterov, false, im.outer.steps == 0);
+      std::vector<float> pseudo_grad;
+      for (const averaging::ValueSpan& v : values) {
+        float* anchor = im.outer.anchor.data() + v.shard_offset;
+        pseudo_grad.resize(static_cast<std::size_t>(v.count));
+        for (int64_t i = 0; i < v.count; ++i) pseudo_grad[static_cast<std::size_t>(i)] = anchor[i] - v.data[i];
+        kernels::sgd_update_cpu(anchor, pseudo_grad.data(), im.outer.momentum.data() + v.shard_offset, v.count,
+                                scalars, threads);
+        std::copy(anchor, anchor + v.count, v.data);
+      }
+      ++im.outer.steps;
+    }
+    averaging::publish_shard_values(shard, threads);
+    opt.sync.sync();
+    ++im.counts.averages;
+  }
+  ++im.step;
+  // The outer optimizer measures the replicas' drift from where the local phase starts.
+  if (im.config.outer.enabled && im.step == im.config.warmup_steps) im.snapshot_anchor();
+}
+
+int ModelAverager::next_group_size() const {
+  const int level = averaging::level_at(impl_->config, impl_->step);
+  return level < 0 ? 0 : impl_->config.levels[static_cast<std::size_t>(level)].group_size;
+}
+
+int64_t ModelAverager::step() const { return impl_->step; }
+
+void ModelAverager::set_step(int64_t step) {
+  SHARDOPT_CHECK(step >= 0, invalid_argument, "ModelAverager::set_step: the step must be >= 0, got {}", step);
+  impl_->step = step;
+  if (impl_->config.outer.enabled && step <= impl_->config.warmup_steps) impl_->snapshot_anchor();
+}
+
+const AveragerConfig& ModelAverager::config() const { return impl_->config; }
+const CommunicationCounts& ModelAverager::communication() const { return impl_->counts; }
+int ModelAverager::replica_size() const { return impl_->groups.replica_size; }
+int ModelAverager::num_replicas() const { return impl_->groups.num_replicas; }
+
+}  // namespace shardopt

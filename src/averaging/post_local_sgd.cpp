@@ -1,0 +1,140 @@
+// src/averaging/post_local_sgd.cpp — PostLocalSGDOptimizer: gradients averaged over the world in warmup and within the replica after it, then the step and the averager.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "averaging/post_local_sgd_impl.hpp"
+#include "averaging/shard_values.hpp"
+#include "comm/agreement.hpp"
+#include "core/check.hpp"
+
+namespace shardopt {
+
+struct PostLocalSGDOptimizer::Impl {
+  Impl(std::shared_ptr<Communicator> world, ZeroOptimizer& opt, AveragerConfig config)
+      : optimizer(opt), averager(std::move(world), opt, std::move(config)) {}
+
+  ZeroOptimizer& optimizer;
+  ModelAverager averager;
+  std::string load_warning;
+
+  ModelAverager::Impl& avg() { return *averager.impl_; }
+  bool in_warmup() const { return averager.step() < averager.config().warmup_steps; }
+  // Gradients cross the replicas only in warmup, and only when there are several.
+  Communicator* warmup_peers() {
+    Communicator& peers = *avg().groups.world_peers;
+    return in_warmup() && peers.size() > 1 ? &peers : nullptr;
+  }
+  int64_t element_bytes() { return static_cast<int64_t>(dtype_size(avg().opt().shard.dtype())); }
+  // The replica's own reduction hands every trainable gradient once when it has several ranks.
+  void count_replica_reduction() {
+    ZeroOptimizer::Impl& opt = avg().opt();
+    if (opt.dev.world() > 1) avg().counts.gradient_bytes += opt.shard.layout().trainable_numel * element_bytes();
+  }
+};
+
+PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::shared_ptr<Communicator> world, ZeroOptimizer& optimizer,
+                                             AveragerConfig averager)
+    : impl_(std::make_unique<Impl>(std::move(world), optimizer, std::move(averager))) {}
+
+PostLocalSGDOptimizer::~PostLocalSGDOptimizer() = default;
+
+void PostLocalSGDOptimizer::reduce_gradients() {
+  Impl& im = *impl_;
+  ZeroOptimizer::Impl& opt = im.avg().opt();
+  Communicator* peers = im.warmup_peers();
+  // Stage-2 bucket view took its gradients through reduce_gradient(), averaged there already.
+  if (peers != nullptr && !(opt.shard.stage2() && opt.shard.bucket_view())) {
+    comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradients");
+    record.field("averager step", fmt::format("{}", im.averager.step()));
+    comm::agree(*peers, record);
+    std::vector<averaging::HostSpan> spans;
+    for (std::size_t i = 0; i < opt.table.size(); ++i) {
+      const optim::ParamRecord& p = opt.table.params()[i];
+      if (p.trainable && p.numel > 0) spans.push_back(averaging::HostSpan{opt.shard.grad_ptr(i), p.numel});
+    }
+    im.avg().counts.gradient_bytes += averaging::all_reduce_spans(
+        *peers, spans, opt.shard.dtype(), std::max<int64_t>(16, opt.config.bucket_bytes / im.element_bytes()),
+        ReduceOp::avg);
+  }
+  im.optimizer.reduce_gradients();
+  im.count_replica_reduction();
+}
+
+void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
+  Impl& im = *impl_;
+  Communicator* peers = im.warmup_peers();
+  if (peers == nullptr) {
+    im.optimizer.reduce_gradient(id, grad);
+    return;
+  }
+  ZeroOptimizer::Impl& opt = im.avg().opt();
+  const optim::ParamRecord& p = opt.table.param(id);
+  SHARDOPT_CHECK(grad.data != nullptr && grad.numel == p.numel && grad.dtype == p.dtype && grad.device.is_cpu(),
+                 invalid_argument,
+                 "reduce_gradient('{}'): expected {} {} elements on cpu, got {} {} elements at {} on {}", p.name,
+                 p.numel, dtype_name(p.dtype), grad.numel, dtype_name(grad.dtype), grad.data,
+                 device_name(grad.device));
+  // The caller's gradient is read-only: average a copy across the replicas, then hand that.
+  std::vector<char> copy(grad.nbytes());
+  std::memcpy(copy.data(), grad.data, copy.size());
+  im.avg().counts.gradient_bytes += averaging::all_reduce_spans(
+      *peers, {averaging::HostSpan{copy.data(), grad.numel}}, grad.dtype,
+      std::max<int64_t>(16, opt.config.bucket_bytes / im.element_bytes()), ReduceOp::avg);
+  im.optimizer.reduce_gradient(id, TensorRef{copy.data(), grad.numel, grad.dtype, grad.device});
+}
+
+void PostLocalSGDOptimizer::step() {
+  impl_->optimizer.step();
+  impl_->averager.average_parameters();
+}
+
+double PostLocalSGDOptimizer::step(const std::function<double()>& closure) {
+  SHARDOPT_CHECK(static_cast<bool>(closure), invalid_argument, "step(closure): the closure is empty");
+  const double loss = closure();
+  step();
+  return loss;
+}
+
+void PostLocalSGDOptimizer::save(const std::string& dir) { averaging::save_local_sgd(impl_->avg(), dir); }
+void PostLocalSGDOptimizer::load(const std::string& dir) { averaging::load_local_sgd(impl_->avg(), dir); }
+
+void PostLocalSGDOptimizer::consolidate_state_dict(int to) { impl_->optimizer.consolidate_state_dict(to); }
+
+PostLocalSGDStateDict PostLocalSGDOptimizer::state_dict() const {
+  PostLocalSGDStateDict dict;
+  dict.optimizer = impl_->optimizer.state_dict();
+  dict.has_step = true;
+  dict.step = impl_->averager.step();
+  return dict;
+}
+
+void PostLocalSGDOptimizer::load_state_dict(const PostLocalSGDStateDict& state) {
+  Impl& im = *impl_;
+  // The averager's step decides when the replicas meet: every rank of the world must take the
+  // same one, so the world agrees on it before anything changes.
+  comm::AgreementRecord record("PostLocalSGDOptimizer::load_state_dict");
+  record.validate([&] {
+    SHARDOPT_CHECK(!state.has_step || state.step >= 0, invalid_argument,
+                   "load_state_dict: the averager's step must be >= 0, got {}", state.step);
+  });
+  record.field("averager step", state.has_step ? fmt::format("{}", state.step) : "absent");
+  comm::agree(*im.avg().world, record);
+  im.optimizer.load_state_dict(state.optimizer);
+  im.load_warning.clear();
+  if (state.has_step) {
+    im.averager.set_step(state.step);
+  } else {
+    im.load_warning = "Loaded state dict does not contain a step counter for an averager. Setting step counter to 0.";
+    im.averager.set_step(0);
+  }
+}
+
+const std::string& PostLocalSGDOptimizer::load_warning() const { return impl_->load_warning; }
+ZeroOptimizer& PostLocalSGDOptimizer::optimizer() { return impl_->optimizer; }
+ModelAverager& PostLocalSGDOptimizer::averager() { return impl_->averager; }
+Communicator& PostLocalSGDOptimizer::world() const { return *impl_->averager.impl_->world; }
+
+const CommunicationCounts& PostLocalSGDOptimizer::communication() const { return impl_->averager.communication(); }
+
+}  // namespace shardopt
