@@ -25,10 +25,11 @@ Output (default: tests/data next to this repository's tools/):
                                 the part of the message (a substring of it) that names the rule
 Every float32 value is written as Python's float.hex() of that value (e.g. "-0x1.8p-3"): exact,
 and parsed by C's strtof without any decimal rounding question. Gradients and initial values
-are multiples of 2^-10, so they do not depend on the generator's random streams staying the
-same across torch versions once stored.
+come from torch's seeded generator rounded to multiples of 2^-10 (exact in float32, short in
+the file), and are stored: the test replays the files, never the generator.
 
-Run with an interpreter that has torch (with torch.distributed and gloo):
+Run with an interpreter that has torch with torch.distributed and gloo, recent enough that
+dist.new_subgroups works without CUDA (torch 2.x; torch 1.13 refuses on a CPU-only machine):
   python3 tools/gen_golden_averaging.py [--out DIR]
 The arithmetic is torch's unfused CPU kernels (ATEN_CPU_CAPABILITY=default is set before torch
 is imported: its AVX2 kernels fuse p + alpha*g into an FMA, shardopt's never do), one thread
