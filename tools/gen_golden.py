@@ -394,10 +394,11 @@ def main(argv):
         print("gen_golden.py: wrote %d %s cases to %s (torch %s, CPU capability %s)"
               % (len(names), "clip" if specs is CLIP_CASES else "optimizer", out,
                  torch.__version__, cpu_capability()))
-    # Drop files of cases that no longer exist so the folder matches the indexes.
+    # Drop files of cases that no longer exist so the folder matches the indexes (the
+    # averagers' golden files belong to gen_golden_averaging.py).
     for stale in os.listdir(out):
         m = re.fullmatch(r"golden_(.+)\.json", stale)
-        if m and m.group(1) not in written and stale not in [index for index, _, _ in sets]:
+        if m and not stale.startswith("golden_averaging_") and m.group(1) not in written and stale not in [index for index, _, _ in sets]:
             os.remove(os.path.join(out, stale))
     return 0
 

@@ -15,10 +15,39 @@
 // f16 runs with dynamic loss scaling: the gradients are multiplied by loss_scale() before they
 // are narrowed, and a step whose gradients overflowed is skipped.
 //
+// --local-sgd SPEC adds a third run, local SGD: PostLocalSGDOptimizer over one ZeroOptimizer
+// per replica (replica=N consecutive world ranks, state sharded among them; default 1, each
+// rank its own replica), on the same data (each rank its own batch) for the same number of
+// steps. Rank 0 then prints, for the synchronous run (sharded if it ran, else replicated) and
+// for local SGD, the bytes it communicated (total and per step) and the final loss, and the
+// ratio of the bytes per step. What is counted, over the steps only (not the construction,
+// --resume or --save):
+//  - bytes: the payload rank 0 handed to collectives of more than one rank, its own
+//    contribution: all_reduce/reduce/all_gather `count` elements, reduce_scatter its whole send
+//    buffer, a broadcast on its root only; f32/bf16/f16 only (the byte-typed agreement records
+//    are control traffic), never barriers. This is also how communication() counts.
+//  - synchronous: every such collective of the ZeroOptimizer over the world, counted by
+//    wrapping the communicator it is given (demo/counting_comm): the gradient averaging (stage
+//    1 all-reduce of the whole, padded, gradient buffer; stage 2 one reduce per owner) and the
+//    parameter sync. On one machine the ranks share the parameter buffer, so the sync is a
+//    barrier and adds nothing; across nodes it is a broadcast of each rank's shard.
+//  - local SGD: PostLocalSGDOptimizer::communication() gradient_bytes (the gradients averaged
+//    across the replicas in warmup, and the replica's own gradient reduction when replica > 1,
+//    as its trainable elements) + averaging_bytes (each rank's shard, as f32, at every
+//    averaging), plus replica_bytes: what the replica's ZeroOptimizer hands to collectives
+//    outside the gradient calls (its parameter sync, also after each averaging; clipping),
+//    counted as for the synchronous run; 0 with replica=1. cross_replica_bytes: what the
+//    demo counted on the world communicator the averager was given (and the groups it split
+//    from it): the part of bytes that crossed replicas, i.e. all but the replica's own.
+//  - final_loss: the last step's loss (MSE on the rank's own batch, computed before that
+//    step's update), the mean over all ranks. With local SGD each rank's loss is that of its
+//    replica's model, which between averagings fits that replica's batches only.
+//
 // This file is main: it parses the command line, runs the chosen modes and prints rank 0's
 // lines. The pieces live in tools/demo/: options (command line), data (seeded parameters and
-// batches), mlp (forward/backward), train (one mode's run), measure (peak RSS, median) and
-// gradcheck (--check-gradients).
+// batches), params (their registration), mlp (forward/backward), train (one mode's run),
+// counting_comm (the byte counts), measure (peak RSS, median) and gradcheck
+// (--check-gradients).
 #include <cblas.h>
 
 #include <cinttypes>
@@ -38,8 +67,36 @@ namespace {
 using shardopt::Communicator;
 using shardopt_demo::ModeResult;
 using shardopt_demo::Options;
+using shardopt_demo::RunKind;
 using shardopt_demo::RunModes;
 using shardopt_demo::UsageError;
+
+// The three --local-sgd lines (see the comment at the top for what they count).
+void print_local_sgd(const Options& options, RunKind sync_kind, const ModeResult& sync, const ModeResult& local) {
+  const double sync_per_step = static_cast<double>(sync.comm_bytes) / sync.steps;
+  const double local_per_step = static_cast<double>(local.comm_bytes) / local.steps;
+  std::printf("sync: mode=%s steps=%d bytes=%" PRId64 " bytes_per_step=%.1f final_loss=%.6e\n",
+              shardopt_demo::run_kind_name(sync_kind), sync.steps, sync.comm_bytes, sync_per_step,
+              sync.final_loss);
+  std::printf("local_sgd: spec=%s replicas=%d steps=%d averages=%" PRId64 " gradient_bytes=%" PRId64
+              " averaging_bytes=%" PRId64 " replica_bytes=%" PRId64 " bytes=%" PRId64
+              " bytes_per_step=%.1f cross_replica_bytes=%" PRId64 " final_loss=%.6e step_ms_median=%.3f\n",
+              options.local_sgd.spec.c_str(), local.replicas, local.steps, local.local.averages,
+              local.local.gradient_bytes, local.local.averaging_bytes, local.replica_bytes, local.comm_bytes,
+              local_per_step, local.world_counted_bytes, local.final_loss, local.step_ms_median);
+  if (options.verbose) {
+    // Cross-check: the replica's own gradient reduction as the demo counted it (the whole,
+    // padded, buffer), which communication() counts inside gradient_bytes (trainable elements).
+    std::printf("local_sgd counted: replica_gradient_bytes=%" PRId64 "\n", local.replica_gradient_bytes);
+  }
+  // No bytes at all (one rank) has no ratio.
+  if (local.comm_bytes > 0) {
+    std::printf("bytes_ratio=%.6f (sync/local_sgd, per step)\n", sync_per_step / local_per_step);
+  } else {
+    std::printf("bytes_ratio=none (local_sgd communicated nothing)\n");
+  }
+  std::fflush(stdout);
+}
 
 int run(int argc, char** argv) {
   std::shared_ptr<Communicator> comm = shardopt::mpi_world();
@@ -66,31 +123,44 @@ int run(int argc, char** argv) {
 
   if (options.check_gradients) return shardopt_demo::check_gradients(*comm, options);
 
-  std::vector<bool> shard_states;
-  if (options.modes != RunModes::replicated) shard_states.push_back(true);
-  if (options.modes != RunModes::sharded) shard_states.push_back(false);
+  if (options.local_sgd.enabled && comm->size() % options.local_sgd.replica != 0) {
+    if (rank == 0) {
+      std::fprintf(stderr, "shardopt-demo: --local-sgd replica=%d must divide the world size %d\n",
+                   options.local_sgd.replica, comm->size());
+    }
+    return 2;
+  }
+
+  std::vector<RunKind> kinds;
+  if (options.modes != RunModes::replicated) kinds.push_back(RunKind::sharded);
+  if (options.modes != RunModes::sharded) kinds.push_back(RunKind::replicated);
 
   std::vector<ModeResult> results;
-  for (const bool shard_state : shard_states) {
-    results.push_back(shardopt_demo::train(comm, options, shard_state));
+  for (const RunKind kind : kinds) {
+    results.push_back(shardopt_demo::train(comm, options, kind));
     const ModeResult& r = results.back();
     if (rank == 0) {
       std::printf("mode=%s world=%d params=%" PRId64 " dtype=%s stage=%d state_bytes=%" PRId64
                   " grad_bytes=%" PRId64 " peak_rss_mb=%.1f step_ms_median=%.3f params_sum=%.9e\n",
-                  shard_state ? "sharded" : "replicated", comm->size(), r.params,
+                  shardopt_demo::run_kind_name(kind), comm->size(), r.params,
                   shardopt::dtype_name(options.dtype), r.stage, r.state_bytes, r.grad_bytes,
                   r.peak_rss_mb, r.step_ms_median, r.params_sum);
       std::fflush(stdout);
     }
   }
 
+  int status = 0;
   if (results.size() == 2) {
     // The sharded step must reproduce the replicated one bit for bit, so compare the bytes.
     const bool match = std::memcmp(&results[0].params_sum, &results[1].params_sum, sizeof(double)) == 0;
     if (rank == 0) std::printf("params_sum_match=%s\n", match ? "yes" : "no");
-    return match ? 0 : 1;
+    status = match ? 0 : 1;
   }
-  return 0;
+  if (options.local_sgd.enabled) {
+    const ModeResult local = shardopt_demo::train(comm, options, RunKind::local_sgd);
+    if (rank == 0) print_local_sgd(options, kinds.front(), results.front(), local);
+  }
+  return status;
 }
 
 }  // namespace

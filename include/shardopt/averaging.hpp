@@ -67,9 +67,13 @@ SHARDOPT_API AveragerConfig hierarchical_averager(std::vector<AveragingLevel> le
 
 // What a rank has handed to collectives that span more than one rank, in bytes of payload.
 struct CommunicationCounts {
-  int64_t gradient_bytes = 0;   // gradient averaging (PostLocalSGDOptimizer only)
+  // Gradient averaging (PostLocalSGDOptimizer only): across the replicas in warmup, plus the
+  // replica's own reduction when it has several ranks.
+  int64_t gradient_bytes = 0;
   int64_t averaging_bytes = 0;  // parameter averaging (and the outer optimizer's)
-  int64_t averages = 0;         // average_parameters() calls that averaged
+  // average_parameters() calls on an averaging step, a level whose groups hold one replica
+  // (which sends nothing) included.
+  int64_t averages = 0;
 };
 
 // Averages the parameters of one replica with the other replicas. Construction is collective

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace shardopt_demo {
 
@@ -43,9 +45,24 @@ const char* const usage_text =
     "  --storage bucket_view|external      who owns the param/grad buffers (default bucket_view)\n"
     "  --threads N                         OpenBLAS and optimizer threads per rank (default 1)\n"
     "  --save DIR                          after the steps, save a sharded checkpoint of each\n"
-    "                                      mode into DIR/sharded and DIR/replicated\n"
+    "                                      mode into DIR/sharded and DIR/replicated (and\n"
+    "                                      DIR/local_sgd)\n"
     "  --resume DIR                        before the steps, load the checkpoint of each mode\n"
     "                                      from DIR/<mode> (any world size wrote it)\n"
+    "  --local-sgd SPEC                    after the usual runs, train with PostLocalSGDOptimizer\n"
+    "                                      and compare the bytes each rank communicates per step\n"
+    "                                      and the final loss with the synchronous run. SPEC:\n"
+    "                                      period=P,warmup=W[,hier=P1:G1:P2:G2...]\n"
+    "                                      [,outer=LR:MOMENTUM][,replica=N]: average the\n"
+    "                                      parameters every P steps after W warmup steps (torch's\n"
+    "                                      PeriodicModelAverager); hier: levels of period:group\n"
+    "                                      size in world ranks, the last one the world (torch's\n"
+    "                                      HierarchicalModelAverager; period= may be left out,\n"
+    "                                      or must equal the last level's); outer: the world\n"
+    "                                      level applies SGD (Nesterov when MOMENTUM > 0) to the\n"
+    "                                      replicas' average change (DiLoCo); replica: ranks per\n"
+    "                                      replica, which share one sharded optimizer (default\n"
+    "                                      1: every rank its own replica, classic local SGD)\n"
     "  --verbose                           also print every step's loss (with f16 the loss\n"
     "                                      scale and whether the step was skipped, with --clip\n"
     "                                      the gradient norm) and the memory report\n"
@@ -60,7 +77,19 @@ const char* const usage_text =
     "state_bytes: what the optimizer keeps on rank 0 beyond parameters and gradients (its state\n"
     "plus the fp32 masters of bf16/f16 params); grad_bytes: the gradient memory shardopt owns on\n"
     "rank 0 (stage 2: its shard only); step_ms_median: step() alone; params_sum: the sum of all\n"
-    "parameters (bf16/f16 widened to f32) in double.\n";
+    "parameters (bf16/f16 widened to f32) in double.\n"
+    "With --local-sgd, three more lines follow (see the README):\n"
+    "  sync: mode=M steps=S bytes=B bytes_per_step=X final_loss=L\n"
+    "  local_sgd: spec=SPEC replicas=R steps=S averages=A gradient_bytes=G averaging_bytes=V\n"
+    "    replica_bytes=Q bytes=B bytes_per_step=X cross_replica_bytes=C final_loss=L\n"
+    "    step_ms_median=T   (one line)\n"
+    "  bytes_ratio=X (sync/local_sgd, per step)\n"
+    "bytes: the payload this rank handed to collectives of more than one rank during the steps\n"
+    "(its own contribution: a broadcast counts on its root only); local SGD: gradient_bytes +\n"
+    "averaging_bytes from PostLocalSGDOptimizer::communication() plus replica_bytes, what the\n"
+    "replica's optimizer hands to collectives outside the gradient calls (parameter sync);\n"
+    "cross_replica_bytes: the part of bytes that crossed replicas (all of it with replica=1);\n"
+    "final_loss: the last step's loss, the mean over all ranks.\n";
 
 namespace {
 
@@ -101,7 +130,89 @@ double parse_nonnegative_real(const std::string& option, const std::string& text
   throw UsageError(option + " expects one of " + choices + ", got '" + value + "'");
 }
 
+// "a:b:c" -> {"a", "b", "c"}; empty pieces stay (and are refused by the number parsers).
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> pieces;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = text.find(separator, begin);
+    pieces.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) return pieces;
+    begin = end + 1;
+  }
+}
+
 }  // namespace
+
+LocalSgdOptions parse_local_sgd(const std::string& spec) {
+  const std::string where = "--local-sgd '" + spec + "': ";
+  LocalSgdOptions local;
+  local.enabled = true;
+  local.spec = spec;
+  std::set<std::string> seen;
+  for (const std::string& item : split(spec, ',')) {
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw UsageError(where + "expected key=value items separated by commas, got '" + item + "'");
+    }
+    const std::string key = item.substr(0, eq);
+    const std::string value = item.substr(eq + 1);
+    if (!seen.insert(key).second) throw UsageError(where + key + "= given twice");
+    const std::string name = where + key + "=";
+    if (key == "period") {
+      local.period = parse_integer(name, value, 1, 1000000);
+    } else if (key == "warmup") {
+      local.warmup = parse_integer(name, value, 0, 1000000);
+    } else if (key == "replica") {
+      local.replica = static_cast<int>(parse_integer(name, value, 1, 1 << 20));
+    } else if (key == "hier") {
+      const std::vector<std::string> numbers = split(value, ':');
+      if (numbers.size() % 2 != 0) {
+        throw UsageError(name + " expects period:group_size pairs (P1:G1:P2:G2...), got " +
+                         std::to_string(numbers.size()) + " numbers in '" + value + "'");
+      }
+      for (std::size_t i = 0; i < numbers.size(); i += 2) {
+        shardopt::AveragingLevel level;
+        level.period = parse_integer(name + " period", numbers[i], 1, 1000000);
+        level.group_size = static_cast<int>(parse_integer(name + " group size", numbers[i + 1], 1, 1 << 20));
+        local.levels.push_back(level);
+      }
+    } else if (key == "outer") {
+      const std::vector<std::string> numbers = split(value, ':');
+      if (numbers.size() != 2) throw UsageError(name + " expects LR:MOMENTUM, got '" + value + "'");
+      local.outer = true;
+      local.outer_lr = parse_positive_real(name + " lr", numbers[0]);
+      local.outer_momentum = parse_nonnegative_real(name + " momentum", numbers[1]);
+      if (local.outer_momentum >= 1.0) {
+        throw UsageError(name + " momentum expects a number in [0, 1), got '" + numbers[1] + "'");
+      }
+    } else {
+      throw UsageError(where + "unknown key '" + key + "' (expected period, warmup, hier, outer, replica)");
+    }
+  }
+  if (local.levels.empty() && local.period == 0) throw UsageError(where + "needs period=P (or hier=...)");
+  // The world level is the one `period` names; two different answers would be ambiguous.
+  if (!local.levels.empty() && local.period != 0 && local.period != local.levels.back().period) {
+    throw UsageError(where + "period=" + std::to_string(local.period) +
+                     " differs from the last hier= level's period " + std::to_string(local.levels.back().period));
+  }
+  return local;
+}
+
+shardopt::AveragerConfig averager_config(const LocalSgdOptions& local) {
+  shardopt::AveragerConfig config = local.levels.empty()
+                                        ? shardopt::periodic_averager(local.period, local.warmup)
+                                        : shardopt::hierarchical_averager(local.levels, local.warmup);
+  config.outer.enabled = local.outer;
+  if (local.outer) {
+    config.outer.lr = local.outer_lr;
+    config.outer.momentum = local.outer_momentum;
+    // DiLoCo's Nesterov momentum; torch's SGD refuses Nesterov without momentum, so momentum 0
+    // is plain SGD on the pseudo-gradient (lr 1 then is plain averaging).
+    config.outer.nesterov = local.outer_momentum > 0.0;
+  }
+  return config;
+}
 
 Options parse_options(int argc, char** argv) {
   Options options;
@@ -185,6 +296,8 @@ Options parse_options(int argc, char** argv) {
       options.save_dir = next();
     } else if (option == "--resume") {
       options.resume_dir = next();
+    } else if (option == "--local-sgd") {
+      options.local_sgd = parse_local_sgd(next());
     } else if (option == "--threads") {
       options.threads = static_cast<int>(parse_integer(option, next(), 1, 1024));
     } else {

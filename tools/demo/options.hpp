@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "shardopt/shardopt.hpp"
 
@@ -13,6 +14,21 @@ namespace shardopt_demo {
 extern const char* const usage_text;
 
 enum class RunModes { both, sharded, replicated };
+
+// --local-sgd period=P,warmup=W[,hier=P1:G1:P2:G2...][,outer=LR:MOMENTUM][,replica=N]: an
+// extra run with PostLocalSGDOptimizer (see shardopt_demo.cpp).
+struct LocalSgdOptions {
+  bool enabled = false;
+  std::string spec;       // as given, for the output line
+  int64_t period = 0;     // 0: not given (then hier= must be)
+  int64_t warmup = 0;
+  // Non-empty: torch's HierarchicalModelAverager with these (period, group size) levels.
+  std::vector<shardopt::AveragingLevel> levels;
+  bool outer = false;
+  double outer_lr = 0.0;
+  double outer_momentum = 0.0;
+  int replica = 1;  // ranks per replica; must divide the world size (checked once it is known)
+};
 
 struct Options {
   RunModes modes = RunModes::both;
@@ -33,6 +49,7 @@ struct Options {
   bool check_gradients = false;
   std::string save_dir;    // empty: no checkpoint written
   std::string resume_dir;  // empty: start from the seeded initial values
+  LocalSgdOptions local_sgd;
   bool help = false;
   // Whether the size was given on the command line: --check-gradients picks tiny defaults.
   bool layers_given = false;
@@ -49,5 +66,11 @@ class UsageError : public std::runtime_error {
 // Parses argv; throws UsageError on a bad command line. --check-gradients picks tiny sizes
 // for whatever of --layers/--width/--batch was not given.
 Options parse_options(int argc, char** argv);
+
+// The spec of --local-sgd (what follows the option); throws UsageError naming what is wrong.
+LocalSgdOptions parse_local_sgd(const std::string& spec);
+
+// The averager --local-sgd asks for.
+shardopt::AveragerConfig averager_config(const LocalSgdOptions& local_sgd);
 
 }  // namespace shardopt_demo

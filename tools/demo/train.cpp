@@ -12,10 +12,11 @@
 #include <utility>
 #include <vector>
 
+#include "counting_comm.hpp"
 #include "data.hpp"
 #include "measure.hpp"
 #include "mlp.hpp"
-#include "precision.hpp"  // kernels/: bf16/f16 <-> float, the library's own rounding
+#include "params.hpp"
 
 namespace shardopt_demo {
 
@@ -24,43 +25,17 @@ using shardopt::DType;
 using shardopt::TensorRef;
 using shardopt::ZeroOptimizer;
 
-namespace {
-
-std::string layer_param_name(int layer, const char* kind) {
-  return "layers." + std::to_string(layer) + "." + kind;
+const char* run_kind_name(RunKind kind) {
+  switch (kind) {
+    case RunKind::sharded: return "sharded";
+    case RunKind::replicated: return "replicated";
+    case RunKind::local_sgd: return "local_sgd";
+  }
+  return "?";
 }
 
-// bf16/f16 parameters -> the demo's f32 working copy, with the library's own conversions.
-void widen(const TensorRef& src, float* dst) {
-  const int64_t n = src.numel;
-  if (src.dtype == DType::f32) {
-    std::memcpy(dst, src.data, static_cast<std::size_t>(n) * sizeof(float));
-    return;
-  }
-  const uint16_t* h = src.as<const uint16_t>();
-  if (src.dtype == DType::bf16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::bf16_to_float(h[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::f16_to_float(h[i]);
-  }
-}
-
-// f32 values times `scale` (the loss scale; 1 without scaling) -> bf16/f16, nearest even. A
-// power-of-two scale is exact in f32; what does not fit the dtype becomes inf, which the
-// optimizer's loss scaling detects.
-void narrow(const float* src, int64_t n, float scale, DType dtype, uint16_t* dst) {
-  if (dtype == DType::bf16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::float_to_bf16(src[i] * scale);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = shardopt::kernels::float_to_f16(src[i] * scale);
-  }
-}
-
-}  // namespace
-
-ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& options,
-                 bool shard_state) {
-  Communicator& comm = *comm_ptr;
+ModeResult train(const std::shared_ptr<Communicator>& world, const Options& options, RunKind kind) {
+  Communicator& comm = *world;
   const int rank = comm.rank();
   const int64_t width = options.width;
   const int64_t weight_numel = width * width;
@@ -69,6 +44,8 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   const bool external = options.storage == shardopt::Storage::external;
   const DType dtype = options.dtype;
   const bool half = dtype != DType::f32;
+  const bool local_sgd = kind == RunKind::local_sgd;
+  const bool shard_state = kind != RunKind::replicated;
   // Stage 2 shards gradients by the state's partition, so the replicated baseline is stage 1.
   const int stage = shard_state ? options.stage : 1;
   // Stage 2 with bucket view has no grad_view(): each gradient is handed with reduce_gradient().
@@ -79,79 +56,21 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   // hands to reduce_gradient(), as a trainer's backward hooks would.
   const bool direct_grads = !half && !hand_gradients;
 
-  // Initial values. bucket_view: one staging buffer that shardopt copies into its own flat
-  // buffer at construction and that we free right after. external: these are the parameters
-  // (and gradient buffers). 16-bit parameters are drawn in f32 and narrowed, nearest even.
-  std::vector<float> staging32(!external && !half ? static_cast<std::size_t>(total_numel) : 0);
-  std::vector<uint16_t> staging16(!external && half ? static_cast<std::size_t>(total_numel) : 0);
-  std::vector<float> init_weight(half ? static_cast<std::size_t>(weight_numel) : 0);
-  std::vector<float> init_bias(half ? static_cast<std::size_t>(width) : 0);
-  std::vector<std::vector<float>> own_params32, own_grads32;
-  std::vector<std::vector<uint16_t>> own_params16, own_grads16;
-
-  shardopt::ParamGroupSpec group;
-  group.hyper.lr = options.lr;
-  // torch.optim.AdamW decays by 0.01 by default (Adam and SGD by 0); without it AdamW would
-  // just be Adam again.
-  if (options.algorithm == shardopt::Algorithm::adamw) group.hyper.weight_decay = 0.01;
-  // bucket_view: `grad` is null (shardopt owns the gradients); external: our gradient buffer.
-  const auto spec = [dtype](std::string name, void* param, void* grad, int64_t numel) {
-    shardopt::ParamSpec p;
-    p.name = std::move(name);
-    p.param = TensorRef{param, numel, dtype, shardopt::Device::cpu()};
-    p.grad = TensorRef{grad, numel, dtype, shardopt::Device::cpu()};
-    return p;
-  };
-  for (int l = 0; l < options.layers; ++l) {
-    void* weight = nullptr;
-    void* bias = nullptr;
-    void* weight_grad = nullptr;
-    void* bias_grad = nullptr;
-    if (!half) {
-      float* w32 = nullptr;
-      float* b32 = nullptr;
-      if (external) {
-        own_params32.emplace_back(static_cast<std::size_t>(weight_numel));
-        w32 = own_params32.back().data();
-        own_params32.emplace_back(static_cast<std::size_t>(width));
-        b32 = own_params32.back().data();
-        own_grads32.emplace_back(static_cast<std::size_t>(weight_numel));
-        weight_grad = own_grads32.back().data();
-        own_grads32.emplace_back(static_cast<std::size_t>(width));
-        bias_grad = own_grads32.back().data();
-      } else {
-        w32 = staging32.data() + l * layer_numel;
-        b32 = w32 + weight_numel;
-      }
-      init_linear(options.seed, l, options.width, w32, weight_numel, b32, width);
-      weight = w32;
-      bias = b32;
-    } else {
-      uint16_t* w16 = nullptr;
-      uint16_t* b16 = nullptr;
-      if (external) {
-        own_params16.emplace_back(static_cast<std::size_t>(weight_numel));
-        w16 = own_params16.back().data();
-        own_params16.emplace_back(static_cast<std::size_t>(width));
-        b16 = own_params16.back().data();
-        own_grads16.emplace_back(static_cast<std::size_t>(weight_numel));
-        weight_grad = own_grads16.back().data();
-        own_grads16.emplace_back(static_cast<std::size_t>(width));
-        bias_grad = own_grads16.back().data();
-      } else {
-        w16 = staging16.data() + l * layer_numel;
-        b16 = w16 + weight_numel;
-      }
-      init_linear(options.seed, l, options.width, init_weight.data(), weight_numel, init_bias.data(), width);
-      narrow(init_weight.data(), weight_numel, 1.0f, dtype, w16);
-      narrow(init_bias.data(), width, 1.0f, dtype, b16);
-      weight = w16;
-      bias = b16;
-    }
-    group.params.push_back(spec(layer_param_name(l, "weight"), weight, weight_grad, weight_numel));
-    group.params.push_back(spec(layer_param_name(l, "bias"), bias, bias_grad, width));
+  // The optimizers see the world (and the replica) through counters; the demo's own
+  // collectives (barriers, the loss, the final check) use `world` itself and are not counted.
+  // Local SGD: the replica is a split of the world, each of its ranks a consecutive world rank.
+  const auto world_counter = std::make_shared<ByteCounter>();
+  const auto replica_counter = std::make_shared<ByteCounter>();
+  std::shared_ptr<Communicator> counted_world = std::make_shared<CountingCommunicator>(world, world_counter);
+  std::shared_ptr<Communicator> replica;  // local SGD only, not counted
+  std::shared_ptr<Communicator> optimizer_comm = counted_world;
+  if (local_sgd) {
+    const int replica_size = options.local_sgd.replica;
+    replica = world->split(rank / replica_size, rank);
+    optimizer_comm = std::make_shared<CountingCommunicator>(replica, replica_counter);
   }
 
+  ModelParams model = make_model_params(options);
   shardopt::OptimizerConfig config;
   config.algorithm = options.algorithm;
   config.partition = options.partition;
@@ -162,12 +81,34 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   // f16 gradients underflow without a loss scale (torch.cuda.amp.GradScaler's defaults).
   config.loss_scaling.enabled = dtype == DType::f16;
   std::vector<shardopt::ParamGroupSpec> groups;
-  groups.push_back(std::move(group));
-  ZeroOptimizer opt(comm_ptr, config, std::move(groups));
-  std::vector<float>().swap(staging32);
-  std::vector<uint16_t>().swap(staging16);
-  std::vector<float>().swap(init_weight);
-  std::vector<float>().swap(init_bias);
+  groups.push_back(std::move(model.group));
+  ZeroOptimizer opt(optimizer_comm, config, std::move(groups));
+  model.free_staging();
+  std::unique_ptr<shardopt::PostLocalSGDOptimizer> post_local;
+  if (local_sgd) {
+    post_local = std::make_unique<shardopt::PostLocalSGDOptimizer>(counted_world, opt,
+                                                                    averager_config(options.local_sgd));
+  }
+  // The three calls a step makes, through the wrapper when there is one. communication()'s
+  // gradient_bytes already counts the replica's own gradient reduction, so what the replica
+  // hands to collectives inside the two gradient calls is set apart, not added again.
+  int64_t replica_gradient_bytes = 0;
+  const auto reduce_gradients = [&] {
+    const int64_t before = replica_counter->bytes;
+    if (post_local) post_local->reduce_gradients();
+    else opt.reduce_gradients();
+    replica_gradient_bytes += replica_counter->bytes - before;
+  };
+  const auto reduce_gradient = [&](shardopt::ParamId id, const TensorRef& grad) {
+    const int64_t before = replica_counter->bytes;
+    if (post_local) post_local->reduce_gradient(id, grad);
+    else opt.reduce_gradient(id, grad);
+    replica_gradient_bytes += replica_counter->bytes - before;
+  };
+  const auto step_optimizer = [&] {
+    if (post_local) post_local->step();
+    else opt.step();
+  };
 
   // peak_rss_mb is this process's (rank 0's, as printed) high-water mark from here to the end
   // of the mode: parameters, gradients, optimizer state, activations, the f32 working copies
@@ -248,7 +189,7 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
             grad.data = dst;
             grad.dtype = dtype;
           }
-          opt.reduce_gradient(ids[k], grad);
+          reduce_gradient(ids[k], grad);
         } else {
           narrow(src, numels[k], scale, dtype, opt.grad_view(ids[k]).as<uint16_t>());
         }
@@ -256,8 +197,12 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
     };
   }
 
-  const char* const mode_name = shard_state ? "sharded" : "replicated";
-  if (!options.resume_dir.empty()) opt.load(options.resume_dir + "/" + mode_name);
+  const char* const mode_name = run_kind_name(kind);
+  if (!options.resume_dir.empty()) {
+    const std::string dir = options.resume_dir + "/" + mode_name;
+    if (post_local) post_local->load(dir);
+    else opt.load(dir);
+  }
   refresh_views();
   if (half) widen_params();
 
@@ -266,18 +211,24 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   std::vector<float> target(input.size());
   make_batch(options.seed, rank, input, target);
   std::vector<double> step_ms;
+  double loss = 0.0;
+  // Only the steps count: neither the construction nor --resume/--save.
+  const int64_t world_bytes_before = world_counter->bytes;
+  const int64_t replica_bytes_before = replica_counter->bytes;
+  const shardopt::CommunicationCounts local_before =
+      post_local ? post_local->communication() : shardopt::CommunicationCounts{};
   for (int step = 0; step < options.steps; ++step) {
     refresh_views();
     // The backward pass overwrites the gradients, so no zero_grad() is needed.
-    const double loss = mlp.forward_backward(net, input.data(), target.data(), layer_done);
-    opt.reduce_gradients();
+    loss = mlp.forward_backward(net, input.data(), target.data(), layer_done);
+    reduce_gradients();
     if (options.clip > 0.0) opt.clip_grad_norm(options.clip);
 
     // Time step() alone, between barriers, as one times torch's opt.step(): the update of
-    // this rank's shard plus (sharded) the parameter sync.
+    // this rank's shard plus (sharded) the parameter sync (local SGD: and the averaging).
     comm.barrier();
     const auto start = std::chrono::steady_clock::now();
-    opt.step();
+    step_optimizer();
     const auto stop = std::chrono::steady_clock::now();
     comm.barrier();
     step_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
@@ -309,7 +260,24 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
     }
   }
 
-  if (!options.save_dir.empty()) opt.save(options.save_dir + "/" + mode_name);
+  const int64_t world_bytes = world_counter->bytes - world_bytes_before;
+  const int64_t replica_bytes = replica_counter->bytes - replica_bytes_before;
+  shardopt::CommunicationCounts local_counts;
+  if (post_local) {
+    const shardopt::CommunicationCounts& after = post_local->communication();
+    local_counts.gradient_bytes = after.gradient_bytes - local_before.gradient_bytes;
+    local_counts.averaging_bytes = after.averaging_bytes - local_before.averaging_bytes;
+    local_counts.averages = after.averages - local_before.averages;
+  }
+
+  if (!options.save_dir.empty()) {
+    const std::string dir = options.save_dir + "/" + mode_name;
+    if (post_local) post_local->save(dir);
+    else opt.save(dir);
+  }
+  // The last step's loss over the whole world, outside the counters.
+  float final_loss = static_cast<float>(loss);
+  comm.all_reduce(&final_loss, 1, DType::f32, shardopt::ReduceOp::avg);
 
   refresh_views();
   double sum = 0.0;
@@ -317,15 +285,18 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
     for (int64_t i = 0; i < weight_numel; ++i) sum += net[l].weight[i];
     for (int64_t i = 0; i < width; ++i) sum += net[l].bias[i];
   }
-  // After step() every rank must hold the same parameters. Compare the sums bit for bit:
-  // rank 0's 8 bytes travel as two f32 words (a broadcast does not interpret them).
+  // After step() every rank of a replica (all of them but with local SGD) must hold the same
+  // parameters. Compare the sums bit for bit: the replica's first rank's 8 bytes travel as two
+  // f32 words (a broadcast does not interpret them).
+  Communicator& same_params = replica ? *replica : comm;
   double root_sum = sum;
-  comm.broadcast(&root_sum, 2, DType::f32, 0);
+  same_params.broadcast(&root_sum, 2, DType::f32, 0);
   float differs = std::memcmp(&root_sum, &sum, sizeof sum) != 0 ? 1.0f : 0.0f;
   comm.all_reduce(&differs, 1, DType::f32, shardopt::ReduceOp::max);
   if (differs != 0.0f) {
     throw shardopt::Error(shardopt::ErrorCode::mismatch,
-                          std::string("ranks hold different parameters after mode=") + mode_name);
+                          std::string(replica ? "ranks of one replica" : "ranks") +
+                              " hold different parameters after mode=" + mode_name);
   }
 
   const shardopt::MemoryReport memory = opt.memory_report();
@@ -344,6 +315,18 @@ ModeResult train(const std::shared_ptr<Communicator>& comm_ptr, const Options& o
   result.peak_rss_mb = peak_rss_mib();
   result.step_ms_median = median(step_ms);
   result.params_sum = sum;
+  result.final_loss = static_cast<double>(final_loss);
+  result.steps = options.steps;
+  if (post_local) {
+    result.local = local_counts;
+    result.replica_bytes = replica_bytes - replica_gradient_bytes;
+    result.replica_gradient_bytes = replica_gradient_bytes;
+    result.world_counted_bytes = world_bytes;
+    result.comm_bytes = local_counts.gradient_bytes + local_counts.averaging_bytes + result.replica_bytes;
+    result.replicas = post_local->averager().num_replicas();
+  } else {
+    result.comm_bytes = world_bytes;
+  }
   return result;
 }
 

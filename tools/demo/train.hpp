@@ -1,4 +1,4 @@
-// tools/demo/train.hpp — one shardopt-demo training run (sharded or replicated) and what it reports.
+// tools/demo/train.hpp — one shardopt-demo training run (sharded, replicated or local SGD) and what it reports.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,12 @@
 
 namespace shardopt_demo {
 
+// sharded / replicated: one ZeroOptimizer over the world, its state sharded or not.
+// local_sgd: PostLocalSGDOptimizer over a ZeroOptimizer (state sharded) per replica.
+enum class RunKind { sharded, replicated, local_sgd };
+
+const char* run_kind_name(RunKind kind);
+
 struct ModeResult {
   int64_t params = 0;
   int stage = 1;
@@ -16,14 +22,30 @@ struct ModeResult {
   int64_t grad_bytes = 0;   // gradient memory shardopt owns
   double peak_rss_mb = 0.0;
   double step_ms_median = 0.0;
-  double params_sum = 0.0;
+  double params_sum = 0.0;  // local_sgd: of this rank's replica
+  double final_loss = 0.0;  // the last step's loss, the mean over all ranks of the world
+  int steps = 0;
+  // Payload bytes this rank handed to collectives of more than one rank during the steps
+  // (counting_comm.hpp). sharded/replicated: all the optimizer's. local_sgd: gradient_bytes +
+  // averaging_bytes of communication() plus replica_bytes.
+  int64_t comm_bytes = 0;
+  // local_sgd only, all over the steps.
+  shardopt::CommunicationCounts local;  // PostLocalSGDOptimizer::communication()
+  // The replica's ZeroOptimizer outside the gradient calls (its parameter sync, the sync after
+  // an averaging, clipping); the gradient calls' share is in communication().gradient_bytes.
+  int64_t replica_bytes = 0;
+  // Counted here on the replica inside the gradient calls (--verbose prints it).
+  int64_t replica_gradient_bytes = 0;
+  // Counted here on the world and its splits (the averager's groups): what crossed replicas.
+  int64_t world_counted_bytes = 0;
+  int replicas = 0;
 };
 
-// Builds the MLP's parameters in a ZeroOptimizer (state sharded over the ranks or replicated),
-// optionally resumes from --resume, runs --steps forward/backward/step iterations, optionally
-// saves to --save, checks that every rank holds the same parameters and returns the numbers
-// rank 0 prints. --verbose lines (per-step loss, memory report) are printed here on rank 0.
-ModeResult train(const std::shared_ptr<shardopt::Communicator>& comm_ptr, const Options& options,
-                 bool shard_state);
+// Builds the MLP's parameters in a ZeroOptimizer (state sharded over the ranks or replicated;
+// local_sgd: sharded over the replica, wrapped in PostLocalSGDOptimizer), optionally resumes
+// from --resume, runs --steps forward/backward/step iterations, optionally saves to --save,
+// checks that every rank of a replica holds the same parameters and returns the numbers rank
+// 0 prints. --verbose lines (per-step loss, memory report) are printed here on rank 0.
+ModeResult train(const std::shared_ptr<shardopt::Communicator>& world, const Options& options, RunKind kind);
 
 }  // namespace shardopt_demo
