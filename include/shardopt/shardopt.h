@@ -554,9 +554,13 @@ static inline void shardopt_averager_config_init(shardopt_averager_config* confi
 /* What a rank has handed to collectives spanning more than one rank, in bytes of payload. */
 typedef struct shardopt_communication_counts {
   size_t struct_size;
-  int64_t gradient_bytes;  /* gradient averaging (post-local SGD only) */
+  /* gradient averaging (post-local SGD only): across the replicas in warmup, plus the
+   * replica's own reduction when it has several ranks */
+  int64_t gradient_bytes;
   int64_t averaging_bytes; /* parameter averaging, and the outer optimizer's */
-  int64_t averages;        /* averagings that took place */
+  /* average_parameters() calls on an averaging step (a level of one replica, which sends
+   * nothing, included) */
+  int64_t averages;
 } shardopt_communication_counts;
 
 static inline void shardopt_communication_counts_init(shardopt_communication_counts* counts) {
