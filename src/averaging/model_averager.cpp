@@ -66,10 +66,9 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
   Impl& im = *impl_;
   ZeroOptimizer::Impl& opt = im.opt();
   Communicator& replica = opt.dev.host_comm();
-  // The world rank of the replica's first rank identifies the replica (collective within it).
-  int32_t leader = world->rank();
-  replica.broadcast(&leader, sizeof leader, DType::byte, 0);
-
+  // The agreement comes first, before any collective on the replica: a rank whose arguments
+  // failed joins it (or never arrives), so the others fail here instead of waiting in a
+  // replica collective that rank will never join.
   AgreementRecord record("ModelAverager");
   record.validate([&] {
     im.config = averaging::validated_config(config, world->size());
@@ -81,11 +80,16 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
   add_replica_fields(opt, record);
   record.set_payload(0, static_cast<uint64_t>(replica.size()));
   record.set_payload(1, static_cast<uint64_t>(replica.rank()));
-  record.set_payload(2, static_cast<uint64_t>(leader));
   const std::vector<comm::Payload> payloads = comm::agree(*world, record);
+  // The world rank of the replica's first rank identifies the replica.
+  int32_t leader = world->rank();
+  replica.broadcast(&leader, sizeof leader, DType::byte, 0);
+  std::vector<int32_t> leaders(static_cast<std::size_t>(world->size()));
+  world->all_gather(&leader, leaders.data(), sizeof leader, DType::byte);
   std::vector<averaging::RankPlace> places;
-  for (const comm::Payload& p : payloads) {
-    places.push_back(averaging::RankPlace{static_cast<int>(p[0]), static_cast<int>(p[1]), static_cast<int>(p[2])});
+  for (std::size_t r = 0; r < payloads.size(); ++r) {
+    places.push_back(averaging::RankPlace{static_cast<int>(payloads[r][0]), static_cast<int>(payloads[r][1]),
+                                          static_cast<int>(leaders[r])});
   }
   // Every rank holds the same list, so every rank raises the same error, or none does.
   im.groups = averaging::make_replica_groups(*world, places, im.config);

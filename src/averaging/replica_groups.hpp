@@ -23,9 +23,8 @@ struct ReplicaGroups {
 };
 
 // Collective over `world`, after the agreement of the averager's construction proved every
-// rank is in it. `world_ranks_of_replica` lists, for every world rank, (replica size, rank in
-// its replica, world rank of its replica's first rank), as the agreement's payloads carried
-// them. Error(invalid_argument) when these are not equal-sized replicas partitioning the world
+// rank is in it. `places` lists, for every world rank, its replica size, its rank in the
+// replica and the world rank of the replica's first rank. Error(invalid_argument) when these are not equal-sized replicas partitioning the world
 // or a replica straddles a level's groups: the same on every rank, since all see the same list.
 struct RankPlace {
   int replica_size = 0;

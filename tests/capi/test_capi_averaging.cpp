@@ -509,23 +509,27 @@ TEST_CASE("bad averager configs fail the create on every rank, through the C ABI
 TEST_CASE("a create refused on one rank fails on every rank", "[capi][averaging][errors]") {
   Comms comms;
   if (comms.size < 2) return;
-  CModel model;
-  shardopt_optimizer_t opt = model.create(comms.replica);
-  std::vector<shardopt_averaging_level> levels;
-  shardopt_averager_config config = Setting{{{2, 0}}, 0, false, false}.c(levels);
-  if (comms.rank == 1) config.struct_size = 3;
-  shardopt_post_local_sgd_t out = nullptr;
-  const shardopt_status status = shardopt_post_local_sgd_create(comms.world, opt, &config, &out);
-  INFO(last_error());
-  CHECK(out == nullptr);
-  if (comms.rank == 1) {
-    CHECK(status == SHARDOPT_ERR_STRUCT_SIZE);
-  } else {
-    CHECK(status != SHARDOPT_OK);
-    CHECK(contains(last_error(), "rank 1"));
+  // Replicas of one rank, and one replica of every rank: the refusing rank never reaches a
+  // collective of its replica, so the constructor must not start with one.
+  for (shardopt_comm_t replica : {comms.replica, comms.world}) {
+    CModel model;
+    shardopt_optimizer_t opt = model.create(replica);
+    std::vector<shardopt_averaging_level> levels;
+    shardopt_averager_config config = Setting{{{2, 0}}, 0, false, false}.c(levels);
+    if (comms.rank == 1) config.struct_size = 3;
+    shardopt_post_local_sgd_t out = nullptr;
+    const shardopt_status status = shardopt_post_local_sgd_create(comms.world, opt, &config, &out);
+    INFO(last_error());
+    CHECK(out == nullptr);
+    if (comms.rank == 1) {
+      CHECK(status == SHARDOPT_ERR_STRUCT_SIZE);
+    } else {
+      CHECK(status != SHARDOPT_OK);
+      CHECK(contains(last_error(), "rank 1"));
+    }
+    CAPI_OK(shardopt_comm_barrier(comms.world));
+    CAPI_OK(shardopt_optimizer_destroy(opt));
   }
-  CAPI_OK(shardopt_comm_barrier(comms.world));
-  CAPI_OK(shardopt_optimizer_destroy(opt));
 }
 
 TEST_CASE("every averaging function refuses NULL handles by name", "[capi][averaging][errors]") {
