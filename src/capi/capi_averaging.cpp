@@ -219,20 +219,14 @@ shardopt_status shardopt_post_local_sgd_reduce_gradients(shardopt_post_local_sgd
 shardopt_status shardopt_post_local_sgd_reduce_gradient(shardopt_post_local_sgd_t plsgd, int32_t id,
                                                         const shardopt_tensor* grad) {
   return guard("shardopt_post_local_sgd_reduce_gradient", [&] {
-    shardopt_post_local_sgd_s& p = checked_plsgd(plsgd, "plsgd");
-    check_not_null(grad, "grad");
-    p.plsgd->reduce_gradient(id, tensor_from_raw(*grad, "grad"));
+    hand_gradient(*checked_plsgd(plsgd, "plsgd").plsgd, id, grad);
   });
 }
 
 shardopt_status shardopt_post_local_sgd_reduce_gradient_dlpack(shardopt_post_local_sgd_t plsgd, int32_t id,
                                                                DLManagedTensorVersioned* grad) {
   return guard("shardopt_post_local_sgd_reduce_gradient_dlpack", [&] {
-    shardopt_post_local_sgd_s& p = checked_plsgd(plsgd, "plsgd");
-    check_not_null(grad, "grad");
-    p.plsgd->reduce_gradient(id, shardopt::tensor_from_dlpack(*grad, "grad"));
-    // Copied before reduce_gradient returned: consumed on success only, as the optimizer's.
-    shardopt::DlpackOwner(grad).reset();
+    hand_gradient(*checked_plsgd(plsgd, "plsgd").plsgd, id, grad);
   });
 }
 

@@ -32,6 +32,21 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config);
 void tensor_to(const TensorRef& ref, shardopt_tensor& out);
 TensorRef tensor_from_raw(const shardopt_tensor& t, const std::string& what);
 
+// reduce_gradient(id, grad) of an optimizer or a post-local-SGD optimizer, from a raw tensor or
+// a DLPack one. The gradient is copied before reduce_gradient returns, so a DLPack tensor is
+// consumed then, as a DLPack consumer does; only on success: a refused one stays the caller's.
+template <typename Target>
+void hand_gradient(Target& target, int32_t id, const shardopt_tensor* grad) {
+  check_not_null(grad, "grad");
+  target.reduce_gradient(id, tensor_from_raw(*grad, "grad"));
+}
+template <typename Target>
+void hand_gradient(Target& target, int32_t id, DLManagedTensorVersioned* grad) {
+  check_not_null(grad, "grad");
+  target.reduce_gradient(id, tensor_from_dlpack(*grad, "grad"));
+  DlpackOwner(grad).reset();
+}
+
 // One param group (`where` names it in messages). The DLPack tensors it describes are appended
 // to `dlpack`: the caller owns them (see adopt) only once the call that uses them succeeds.
 ParamGroupSpec group_from(const shardopt_param_group_desc* group, const std::string& where,

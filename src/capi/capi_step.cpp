@@ -55,21 +55,14 @@ shardopt_status shardopt_optimizer_reduce_gradients(shardopt_optimizer_t opt) {
 
 shardopt_status shardopt_optimizer_reduce_gradient(shardopt_optimizer_t opt, int32_t id, const shardopt_tensor* grad) {
   return guard("shardopt_optimizer_reduce_gradient", [&] {
-    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
-    check_not_null(grad, "grad");
-    o.opt->reduce_gradient(id, tensor_from_raw(*grad, "grad"));
+    hand_gradient(*checked_optimizer(opt, "opt").opt, id, grad);
   });
 }
 
 shardopt_status shardopt_optimizer_reduce_gradient_dlpack(shardopt_optimizer_t opt, int32_t id,
                                                           DLManagedTensorVersioned* grad) {
   return guard("shardopt_optimizer_reduce_gradient_dlpack", [&] {
-    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
-    check_not_null(grad, "grad");
-    o.opt->reduce_gradient(id, shardopt::tensor_from_dlpack(*grad, "grad"));
-    // Copied before reduce_gradient returned: consumed, as a DLPack consumer does. Only on
-    // success; a refused tensor stays the caller's.
-    shardopt::DlpackOwner(grad).reset();
+    hand_gradient(*checked_optimizer(opt, "opt").opt, id, grad);
   });
 }
 

@@ -45,11 +45,19 @@ void ModelParams::free_staging() {
   std::vector<uint16_t>().swap(staging16);
 }
 
+ModelShape model_shape(const Options& options) {
+  ModelShape shape;
+  shape.width = options.width;
+  shape.weight_numel = shape.width * shape.width;
+  shape.layer_numel = shape.weight_numel + shape.width;
+  shape.total_numel = shape.layer_numel * options.layers;
+  return shape;
+}
+
 ModelParams make_model_params(const Options& options) {
-  const int64_t width = options.width;
-  const int64_t weight_numel = width * width;
-  const int64_t layer_numel = weight_numel + width;
-  const int64_t total_numel = layer_numel * options.layers;
+  const ModelShape shape = model_shape(options);
+  const int64_t width = shape.width, weight_numel = shape.weight_numel;
+  const int64_t layer_numel = shape.layer_numel, total_numel = shape.total_numel;
   const bool external = options.storage == shardopt::Storage::external;
   const DType dtype = options.dtype;
   const bool half = dtype != DType::f32;

@@ -10,6 +10,15 @@
 
 namespace shardopt_demo {
 
+// The MLP's sizes: each layer a width x width weight then a bias of width.
+struct ModelShape {
+  int64_t width = 0;
+  int64_t weight_numel = 0;
+  int64_t layer_numel = 0;  // weight and bias
+  int64_t total_numel = 0;  // all layers
+};
+ModelShape model_shape(const Options& options);
+
 // "layers.<layer>.<kind>", torch's names for an nn.Sequential of Linear layers.
 std::string layer_param_name(int layer, const char* kind);
 

@@ -37,10 +37,9 @@ const char* run_kind_name(RunKind kind) {
 ModeResult train(const std::shared_ptr<Communicator>& world, const Options& options, RunKind kind) {
   Communicator& comm = *world;
   const int rank = comm.rank();
-  const int64_t width = options.width;
-  const int64_t weight_numel = width * width;
-  const int64_t layer_numel = weight_numel + width;
-  const int64_t total_numel = layer_numel * options.layers;
+  const ModelShape shape = model_shape(options);
+  const int64_t width = shape.width, weight_numel = shape.weight_numel;
+  const int64_t layer_numel = shape.layer_numel, total_numel = shape.total_numel;
   const bool external = options.storage == shardopt::Storage::external;
   const DType dtype = options.dtype;
   const bool half = dtype != DType::f32;
