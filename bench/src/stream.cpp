@@ -48,11 +48,17 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_bytes
   StreamResult result;
   result.array_bytes = array_bytes;
   const int64_t n = result.array_bytes / static_cast<int64_t>(sizeof(float));
-  AlignedArray owners[4] = {aligned_floats(n), aligned_floats(n), aligned_floats(n), aligned_floats(n)};
+  // Each array starts at another offset within its pages (i * 4160 bytes): large allocations
+  // are page-aligned mmaps, and arrays at equal offsets walk the same cache sets and DRAM banks
+  // in lockstep, which slows the probes below what the kernels reach over the optimizer's
+  // buffers (whose sizes are not powers of two).
+  constexpr int64_t kStagger = 1040;  // floats
+  AlignedArray owners[4] = {aligned_floats(n), aligned_floats(n + kStagger), aligned_floats(n + 2 * kStagger),
+                            aligned_floats(n + 3 * kStagger)};
   float* const a = owners[0].get();
-  float* const b = owners[1].get();
-  float* const c = owners[2].get();
-  float* const d = owners[3].get();
+  float* const b = owners[1].get() + kStagger;
+  float* const c = owners[2].get() + 2 * kStagger;
+  float* const d = owners[3].get() + 3 * kStagger;
   // 16-bit gradient and parameter arrays (mixed precision only).
   const bool half = dtype != DType::f32;
   AlignedArray half_owners[2] = {aligned_floats(half ? (n + 1) / 2 : 1), aligned_floats(half ? (n + 1) / 2 : 1)};

@@ -39,28 +39,43 @@ void fill_u16(uint16_t* x, uint16_t value, int64_t n, int threads) {
   });
 }
 
+namespace {
+
+// Each pattern in a function of its own with __restrict arrays, as the update kernels' loops
+// are: without it the compiler must assume the arrays overlap, and the probe measures a slower
+// loop than the kernel it stands for.
+void adam_pattern(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                  int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const float mi = 0.9f * m[i] + 0.1f * g[i];
+    const float vi = 0.999f * v[i] + 0.001f * g[i] * g[i];
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] - 1e-3f * mi * vi;
+  }
+}
+
+void sgd_momentum_pattern(float* __restrict p, const float* __restrict g, float* __restrict m, int64_t lo,
+                          int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const float mi = 0.9f * m[i] + g[i];
+    m[i] = mi;
+    p[i] = p[i] - 1e-3f * mi;
+  }
+}
+
+void sgd_pattern(float* __restrict p, const float* __restrict g, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) p[i] = p[i] - 1e-3f * g[i];
+}
+
+}  // namespace
+
 void update_pattern(UpdatePattern pattern, float* p, const float* g, float* m, float* v, int64_t n, int threads) {
   parallel_ranges(n, threads, [&](int64_t lo, int64_t hi) {
     switch (pattern) {
-      case UpdatePattern::adam:
-        for (int64_t i = lo; i < hi; ++i) {
-          const float mi = 0.9f * m[i] + 0.1f * g[i];
-          const float vi = 0.999f * v[i] + 0.001f * g[i] * g[i];
-          m[i] = mi;
-          v[i] = vi;
-          p[i] = p[i] - 1e-3f * mi * vi;
-        }
-        break;
-      case UpdatePattern::sgd_momentum:
-        for (int64_t i = lo; i < hi; ++i) {
-          const float mi = 0.9f * m[i] + g[i];
-          m[i] = mi;
-          p[i] = p[i] - 1e-3f * mi;
-        }
-        break;
-      case UpdatePattern::sgd:
-        for (int64_t i = lo; i < hi; ++i) p[i] = p[i] - 1e-3f * g[i];
-        break;
+      case UpdatePattern::adam: adam_pattern(p, g, m, v, lo, hi); break;
+      case UpdatePattern::sgd_momentum: sgd_momentum_pattern(p, g, m, lo, hi); break;
+      case UpdatePattern::sgd: sgd_pattern(p, g, lo, hi); break;
     }
   });
 }
