@@ -327,7 +327,7 @@ def main() -> int:
           f"threads/rank={args.threads} torch={torch.__version__} cpu_capability="
           f"{getattr(getattr(torch.backends, 'cpu', None), 'get_cpu_capability', lambda: '?')()}", flush=True)
 
-    rows = []  # (name, kind, result): kind "peer" (a full step), "peer-update" or "shardopt"
+    rows = []  # (name, kind, result): "peer" (a full step), "peer-update", "shardopt" or "shardopt-world1"
     for peer in peers_for(args):
         print(f"# running {peer['name']} ...", flush=True)
         kind = "peer-update" if peer["kind"] == "deepspeed" else "peer"
@@ -337,6 +337,12 @@ def main() -> int:
         name = f"shardopt {partition} / {storage}" if mode == "sharded" else "shardopt replicated"
         print(f"# running {name} ...", flush=True)
         rows.append((name, "shardopt", run_shardopt(cfg, args.bench, partition, storage, mode, args.timeout)))
+    if args.world > 1:
+        # The same model on one rank, to say whether sharding over N ranks beats not sharding at all.
+        name = "shardopt flat / bucket_view, world 1"
+        print(f"# running {name} ...", flush=True)
+        rows.append((name, "shardopt-world1", run_shardopt({**cfg, "world": 1}, args.bench, "flat", "bucket_view",
+                                                           "sharded", args.timeout)))
 
     mb = 1 / 2**20
     print()
@@ -369,15 +375,24 @@ def main() -> int:
     print(f"{head_name}: {head['step_ms']:.1f} ms/step = {ratio:.3f} x the fastest peer's time "
           f"({'%.2fx faster' % (1 / ratio) if ratio < 1 else '%.2fx slower' % ratio}); state/rank "
           f"{head['state_bytes'] / fastest['state_bytes']:.2f}x, peak RSS {head['peak_rss_bytes'] / fastest['peak_rss_bytes']:.2f}x")
+    if head.get("update_ms"):
+        print(f"{head_name}: step / its update phase = {head['step_ms'] / head['update_ms']:.3f} "
+              f"(update {head['update_ms']:.1f} ms of the {head['step_ms']:.1f} ms step)")
+    for name, kind, r in rows:
+        if kind == "shardopt-world1":
+            w = head["step_ms"] / r["step_ms"]
+            print(f"world {args.world} / world 1: {head_name} {head['step_ms']:.1f} ms vs {r['step_ms']:.1f} ms = "
+                  f"{w:.3f}x ({'%.2fx faster' % (1 / w) if w < 1 else '%.2fx slower' % w} at world {args.world})")
     for name, kind, r in rows:
         if kind == "peer-update" and head.get("update_ms"):
             u = head["update_ms"] / r["step_ms"]
             print(f"update alone: {head_name} {head['update_ms']:.1f} ms vs {name} {r['step_ms']:.1f} ms = {u:.3f}x "
                   f"({'%.2fx faster' % (1 / u) if u < 1 else '%.2fx slower' % u})")
-    for name, r in ours:
-        print(f"# {name}: {r['line']}")
-        if r["breakdown"]:
-            print(f"# {name}: {r['breakdown']}")
+    for name, kind, r in rows:
+        if kind.startswith("shardopt"):
+            print(f"# {name}: {r['line']}")
+            if r["breakdown"]:
+                print(f"# {name}: {r['breakdown']}")
 
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
