@@ -9,7 +9,6 @@ import os
 import shutil
 import sys
 import tempfile
-import traceback
 
 import numpy as np
 
@@ -201,17 +200,8 @@ def test_torch_tensors_when_available():
 
 
 def main():
-    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_") and callable(v)]
-    passed = failed = 0
-    for test in tests:
-        try:
-            test()
-            passed += 1
-        except Exception:  # report and go on: the other ranks run the same collectives
-            failed += 1
-            print(f"rank {COMM.rank}: {test.__name__} FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-    print(f"rank {COMM.rank}: {passed} passed, {failed} failed", flush=True)
-    return 1 if failed else 0
+    from script_runner import run_tests
+    return run_tests(globals(), COMM.rank)
 
 
 if __name__ == "__main__":

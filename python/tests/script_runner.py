@@ -1,0 +1,19 @@
+"""python/tests/script_runner.py — runs a test module's test_* functions when it is started as a script (under mpirun without pytest)."""
+import sys
+import traceback
+
+
+def run_tests(namespace: dict, rank: int) -> int:
+    """Every callable test_* of `namespace` in name order; a failure is reported and the rest go on,
+    since the other ranks run the same collectives. Returns the exit status."""
+    tests = [v for k, v in sorted(namespace.items()) if k.startswith("test_") and callable(v)]
+    passed = failed = 0
+    for test in tests:
+        try:
+            test()
+            passed += 1
+        except Exception:
+            failed += 1
+            print(f"rank {rank}: {test.__name__} FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    print(f"rank {rank}: {passed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
