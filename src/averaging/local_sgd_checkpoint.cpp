@@ -4,8 +4,8 @@
 // dir/<save id>/ (replica-<k>/ holds replica k's own sharded checkpoint; outer-<r>.safetensors
 // the outer optimizer's state of local rank r, identical in every replica, written by replica
 // 0), then world rank 0 replaces local_sgd.json atomically and removes older saves. A crash at
-// any point leaves the record naming a complete save. The record's last member is the CRC32C of
-// the bytes before its digits, as the optimizer's manifest does.
+// any point leaves the record naming a complete save. The record is sealed as the optimizer's
+// manifest is (sealed_json.hpp).
 #include <filesystem>
 #include <random>
 
@@ -13,10 +13,10 @@
 
 #include "averaging/post_local_sgd_impl.hpp"
 #include "checkpoint/collective.hpp"
-#include "checkpoint/crc32c.hpp"
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/json_reader.hpp"
 #include "checkpoint/safetensors.hpp"
+#include "checkpoint/sealed_json.hpp"
 #include "checkpoint/store.hpp"
 #include "comm/agreement.hpp"
 #include "core/check.hpp"
@@ -32,7 +32,7 @@ using checkpoint::Outcome;
 constexpr const char* kRecordName = "local_sgd.json";
 constexpr const char* kFormat = "shardopt-local-sgd";
 constexpr int kVersion = 1;
-constexpr const char* kCrcKey = "\"record_crc32c\": \"";
+constexpr const char* kSealKey = "record_crc32c";
 
 struct OuterFile {
   std::string name;
@@ -60,36 +60,34 @@ std::string outer_file_name(const std::string& save_id, int local_rank) {
 }
 
 std::string record_to_json(const Record& r) {
-  std::string files;
-  for (std::size_t i = 0; i < r.outer_files.size(); ++i) {
-    const OuterFile& f = r.outer_files[i];
-    files += fmt::format("{}\n    {{\"name\": \"{}\", \"bytes\": {}, \"crc32c\": \"{:08x}\"}}", i ? "," : "", f.name,
-                         f.bytes, f.crc32c);
-  }
-  std::string text = fmt::format(
-      "{{\n  \"format\": \"{}\",\n  \"version\": {},\n  \"generation\": {},\n  \"save_id\": \"{}\",\n"
-      "  \"world_size\": {},\n  \"replica_size\": {},\n  \"replicas\": {},\n  \"averager_step\": {},\n"
-      "  \"outer\": {},\n  \"outer_steps\": {},\n  \"outer_files\": [{}{}],\n  {}",
-      kFormat, kVersion, r.generation, r.save_id, r.world_size, r.replica_size, r.replicas, r.averager_step,
-      r.outer ? "true" : "false", r.outer_steps, files, files.empty() ? "" : "\n  ", kCrcKey);
-  const uint32_t crc = checkpoint::crc32c_update(0, text.data(), text.size());
-  return text + fmt::format("{:08x}\"\n}}\n", crc);
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  for (const OuterFile& f : r.outer_files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32c", f.crc32c}});
+  const nlohmann::ordered_json j{{"format", kFormat},
+                                 {"version", kVersion},
+                                 {"generation", r.generation},
+                                 {"save_id", r.save_id},
+                                 {"world_size", r.world_size},
+                                 {"replica_size", r.replica_size},
+                                 {"replicas", r.replicas},
+                                 {"averager_step", r.averager_step},
+                                 {"outer", r.outer},
+                                 {"outer_steps", r.outer_steps},
+                                 {"outer_files", std::move(files)}};
+  return checkpoint::seal_json(j, kSealKey);
 }
 
 Record parse_record(const std::string& text, const std::string& path) {
-  const std::size_t at = text.rfind(kCrcKey);
-  SHARDOPT_CHECK(at != std::string::npos, corrupt, "'{}': no record_crc32c member: not a local-SGD record", path);
-  const std::size_t digits = at + std::char_traits<char>::length(kCrcKey);
-  SHARDOPT_CHECK(text.size() == digits + 12 && text.compare(digits + 8, 4, "\"\n}\n") == 0, corrupt,
-                 "'{}': the file must end right after record_crc32c", path);
-  const uint32_t crc = checkpoint::crc32c_update(0, text.data(), digits);
-  SHARDOPT_CHECK(text.compare(digits, 8, fmt::format("{:08x}", crc)) == 0, corrupt,
-                 "'{}': its checksum does not match its contents (CRC32C {:08x}, recorded {})", path, crc,
-                 text.substr(digits, 8));
+  const auto seal = checkpoint::find_seal(text, kSealKey);
+  SHARDOPT_CHECK(seal.has_value(), corrupt, "'{}' does not end with its {} member: not a local-SGD record", path,
+                 kSealKey);
+  const uint32_t crc = checkpoint::seal_of(text, seal->first);
+  SHARDOPT_CHECK(crc == seal->second, corrupt,
+                 "'{}': its checksum does not match its contents (CRC32C {:08x}, recorded {:08x})", path, crc,
+                 seal->second);
   const nlohmann::json json = checkpoint::parse_json_strict(text, path, "local-SGD record");
   const checkpoint::JsonObject top(json, path, "");
   top.only({"format", "version", "generation", "save_id", "world_size", "replica_size", "replicas", "averager_step",
-            "outer", "outer_steps", "outer_files", "record_crc32c"});
+            "outer", "outer_steps", "outer_files", kSealKey});
   SHARDOPT_CHECK(top.string("format") == kFormat, corrupt, "'{}': format is not {}", path, kFormat);
   const int64_t version = top.integer("version", 1, 1 << 30);
   SHARDOPT_CHECK(version == kVersion, unsupported, "'{}': local-SGD record version {} (this build reads {})", path,
@@ -122,10 +120,7 @@ Record parse_record(const std::string& text, const std::string& path) {
                    "'{}': outer_files[{}] is '{}', expected '{}'", path, i, file.name,
                    outer_file_name(r.save_id, static_cast<int>(i)));
     file.bytes = f.integer("bytes", 0, INT64_MAX);
-    const std::string crc = f.string("crc32c");
-    SHARDOPT_CHECK(crc.size() == 8 && crc.find_first_not_of("0123456789abcdef") == std::string::npos, corrupt,
-                   "'{}': outer_files[{}].crc32c '{}' is not 8 hex digits", path, i, crc);
-    file.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
+    file.crc32c = static_cast<uint32_t>(f.unsigned_integer("crc32c", UINT32_MAX));
     r.outer_files.push_back(file);
   }
   return r;

@@ -4,12 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <optional>
 
 #include "checkpoint/checked_int.hpp"
-#include "checkpoint/crc32c.hpp"
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/json_reader.hpp"
+#include "checkpoint/sealed_json.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
@@ -19,11 +18,8 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 constexpr const char* kFormatName = "shardopt-checkpoint";
-// The manifest's own checksum: the last member, written by hand after the body so that the
-// CRC covers every byte before its digits (the key included) and nothing may follow them.
-constexpr const char* kChecksumLead = ",\n \"manifest_crc32c\": \"";
-constexpr const char* kChecksumTail = "\"\n}\n";
-constexpr std::size_t kChecksumDigits = 8;
+// The manifest's own checksum, sealed_json.hpp's last member.
+constexpr const char* kChecksumKey = "manifest_crc32c";
 // No real manifest comes near this (a million parameters take ~200 MB); a larger file is
 // refused before it is read into memory.
 constexpr int64_t kMaxManifestBytes = int64_t{1} << 30;
@@ -82,24 +78,6 @@ const nlohmann::json& array_at(const JsonObject& j, const char* key) {
   const nlohmann::json& v = j.at(key);
   SHARDOPT_CHECK(v.is_array(), corrupt, "'{}': {} is {}, not a list", j.path(), j.name(key), json_excerpt(v));
   return v;
-}
-
-// The checksum at the end of `text`: where its digits start and the value they hold; nullopt
-// when the file does not end as a version-2 manifest does.
-std::optional<std::pair<std::size_t, uint32_t>> find_checksum(const std::string& text) {
-  const std::string lead = kChecksumLead, tail = kChecksumTail;
-  if (text.size() < lead.size() + kChecksumDigits + tail.size()) return std::nullopt;
-  const std::size_t digits = text.size() - tail.size() - kChecksumDigits;
-  if (text.compare(digits + kChecksumDigits, tail.size(), tail) != 0) return std::nullopt;
-  if (text.compare(digits - lead.size(), lead.size(), lead) != 0) return std::nullopt;
-  uint32_t value = 0;
-  for (std::size_t i = 0; i < kChecksumDigits; ++i) {
-    const char c = text[digits + i];
-    const bool digit = c >= '0' && c <= '9', hex = c >= 'a' && c <= 'f';
-    if (!digit && !hex) return std::nullopt;
-    value = value * 16 + static_cast<uint32_t>(digit ? c - '0' : c - 'a' + 10);
-  }
-  return std::make_pair(digits, value);
 }
 
 Manifest manifest_from_json(const nlohmann::json& json, const std::string& path, int version) {
@@ -241,24 +219,17 @@ std::string manifest_to_json(const Manifest& m) {
                                {"shard_numel", f.shard_numel},
                                {"segments", std::move(segments)}});
   }
-  // dump(1) ends the object with "\n}": the checksum member replaces that end.
-  std::string text = j.dump(1);
-  SHARDOPT_CHECK(text.size() >= 2 && text.compare(text.size() - 2, 2, "\n}") == 0, internal,
-                 "manifest_to_json: unexpected end of the encoded manifest");
-  text.resize(text.size() - 2);
-  text += kChecksumLead;
-  const uint32_t crc = crc32c_update(0, text.data(), text.size());
-  return text + fmt::format("{:08x}", crc) + kChecksumTail;
+  return seal_json(j, kChecksumKey);
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& path, bool accept_version_1) {
-  const auto checksum = find_checksum(text);
+  const auto checksum = find_seal(text, kChecksumKey);
   int version = 0;
   nlohmann::json json;
   if (checksum) {
     // Checked before anything is read from the file: a changed byte, the version included,
     // is reported as the corruption it is.
-    const uint32_t computed = crc32c_update(0, text.data(), checksum->first);
+    const uint32_t computed = seal_of(text, checksum->first);
     SHARDOPT_CHECK(computed == checksum->second, corrupt,
                    "'{}' is corrupt: its manifest_crc32c says {:08x} but its contents hash to {:08x} (changed after it "
                    "was written)",
@@ -273,7 +244,7 @@ Manifest parse_manifest(const std::string& text, const std::string& path, bool a
                    version, kFormatVersion);
     SHARDOPT_CHECK(version == kFormatVersion, corrupt, "'{}' says format version {} but carries a version-{} checksum",
                    path, version, kFormatVersion);
-    SHARDOPT_CHECK(j.string("manifest_crc32c") == text.substr(checksum->first, kChecksumDigits), internal,
+    SHARDOPT_CHECK(j.string("manifest_crc32c") == text.substr(checksum->first, kSealDigits), internal,
                    "'{}': the checksum member and the file's end differ", path);
   } else {
     // No checksum at the end: another format version, or a damaged file. The version, when it

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "mpi_test_support.hpp"
-#include "precision.hpp"  // kernels/: float -> bf16, nearest even
+#include "precision.hpp"  // kernels/: float <-> bf16 (nearest even)
 
 using namespace shardopt;
 using shardopt_test::error_of;
@@ -58,20 +58,13 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 // The optimizer's params, widened to f32, in id order.
 std::vector<float> params_of(const ZeroOptimizer& opt) {
   std::vector<float> out;
   for (ParamId id = 0; id < opt.num_params(); ++id) {
     const TensorRef v = opt.param_view(id);
     for (int64_t i = 0; i < v.numel; ++i) {
-      out.push_back(v.dtype == DType::f32 ? v.as<float>()[i] : bf16_to_float(v.as<uint16_t>()[i]));
+      out.push_back(v.dtype == DType::f32 ? v.as<float>()[i] : kernels::bf16_to_float(v.as<uint16_t>()[i]));
     }
   }
   return out;
