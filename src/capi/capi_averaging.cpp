@@ -78,26 +78,46 @@ Handle* publish(uint64_t magic, shardopt_optimizer_s& optimizer, std::unique_ptr
   return handle.release();
 }
 
+// A live handle of one kind (`creator` names the function that makes them, for messages).
+template <typename Handle>
+Handle& checked_handle(Handle* handle, uint64_t magic, const char* creator, const char* name) {
+  if (handle == nullptr) fail(SHARDOPT_ERR_NULL_POINTER, "{} is NULL; {} leaves its output NULL when it fails", name, creator);
+  check_handle(handle, magic, name);
+  if (handle->magic != magic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
+  return *handle;
+}
+
 shardopt_model_averager_s& checked_averager(shardopt_model_averager_t averager, const char* name) {
-  if (averager == nullptr) {
-    fail(SHARDOPT_ERR_NULL_POINTER,
-         "{} is NULL; shardopt_model_averager_create leaves its output NULL when it fails", name);
-  }
-  check_handle(averager, kModelAveragerMagic, name);
-  if (averager->magic != kModelAveragerMagic) {
-    fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
-  }
-  return *averager;
+  return checked_handle(averager, kModelAveragerMagic, "shardopt_model_averager_create", name);
 }
 
 shardopt_post_local_sgd_s& checked_plsgd(shardopt_post_local_sgd_t plsgd, const char* name) {
-  if (plsgd == nullptr) {
-    fail(SHARDOPT_ERR_NULL_POINTER, "{} is NULL; shardopt_post_local_sgd_create leaves its output NULL when it fails",
-         name);
-  }
-  check_handle(plsgd, kPostLocalSgdMagic, name);
-  if (plsgd->magic != kPostLocalSgdMagic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
-  return *plsgd;
+  return checked_handle(plsgd, kPostLocalSgdMagic, "shardopt_post_local_sgd_create", name);
+}
+
+// Both creates: the C++ object (ModelAverager or PostLocalSGDOptimizer) over `world` and the
+// optimizer, published as a handle that retains the optimizer.
+template <typename Handle, typename Object>
+void create_handle(uint64_t magic, std::unique_ptr<Object> Handle::*member, shardopt_comm_t world,
+                   shardopt_optimizer_t opt, const shardopt_averager_config* config, Handle** out) {
+  // Without a usable world the other ranks cannot be told: fail here alone.
+  shardopt_comm_s& w = checked_comm(world, "world");
+  if (out != nullptr) *out = nullptr;
+  AveragerConfig parsed;
+  shardopt_optimizer_s& o = create_arguments(*w.comm, opt, config, parsed, out);
+  *out = publish(magic, o, std::make_unique<Object>(w.comm, *o.opt, std::move(parsed)), member);
+}
+
+template <typename Handle, typename Object>
+void destroy_handle(Handle* handle, uint64_t magic, const char* creator, std::unique_ptr<Object> Handle::*member,
+                    const char* name) {
+  if (handle == nullptr) return;
+  checked_handle(handle, magic, creator, name);
+  unregister_handle(handle);
+  handle->magic = 0;
+  (handle->*member).reset();  // before the optimizer it refers to may go
+  release_optimizer(handle->optimizer);
+  delete handle;
 }
 
 void counts_to(const CommunicationCounts& counts, shardopt_communication_counts* out) {
@@ -120,25 +140,14 @@ extern "C" {
 shardopt_status shardopt_model_averager_create(shardopt_comm_t world, shardopt_optimizer_t opt,
                                                const shardopt_averager_config* config, shardopt_model_averager_t* out) {
   return guard("shardopt_model_averager_create", [&] {
-    // Without a usable world the other ranks cannot be told: fail here alone.
-    shardopt_comm_s& w = checked_comm(world, "world");
-    if (out != nullptr) *out = nullptr;
-    shardopt::AveragerConfig cfg;
-    shardopt_optimizer_s& o = create_arguments(*w.comm, opt, config, cfg, out);
-    auto averager = std::make_unique<shardopt::ModelAverager>(w.comm, *o.opt, std::move(cfg));
-    *out = publish(kModelAveragerMagic, o, std::move(averager), &shardopt_model_averager_s::averager);
+    create_handle(kModelAveragerMagic, &shardopt_model_averager_s::averager, world, opt, config, out);
   });
 }
 
 shardopt_status shardopt_model_averager_destroy(shardopt_model_averager_t averager) {
   return guard("shardopt_model_averager_destroy", [&] {
-    if (averager == nullptr) return;
-    checked_averager(averager, "averager");
-    unregister_handle(averager);
-    averager->magic = 0;
-    averager->averager.reset();  // before the optimizer it refers to may go
-    release_optimizer(averager->optimizer);
-    delete averager;
+    destroy_handle(averager, kModelAveragerMagic, "shardopt_model_averager_create",
+                   &shardopt_model_averager_s::averager, "averager");
   });
 }
 
@@ -190,24 +199,14 @@ shardopt_status shardopt_model_averager_communication(shardopt_model_averager_t 
 shardopt_status shardopt_post_local_sgd_create(shardopt_comm_t world, shardopt_optimizer_t opt,
                                                const shardopt_averager_config* config, shardopt_post_local_sgd_t* out) {
   return guard("shardopt_post_local_sgd_create", [&] {
-    shardopt_comm_s& w = checked_comm(world, "world");
-    if (out != nullptr) *out = nullptr;
-    shardopt::AveragerConfig cfg;
-    shardopt_optimizer_s& o = create_arguments(*w.comm, opt, config, cfg, out);
-    auto plsgd = std::make_unique<shardopt::PostLocalSGDOptimizer>(w.comm, *o.opt, std::move(cfg));
-    *out = publish(kPostLocalSgdMagic, o, std::move(plsgd), &shardopt_post_local_sgd_s::plsgd);
+    create_handle(kPostLocalSgdMagic, &shardopt_post_local_sgd_s::plsgd, world, opt, config, out);
   });
 }
 
 shardopt_status shardopt_post_local_sgd_destroy(shardopt_post_local_sgd_t plsgd) {
   return guard("shardopt_post_local_sgd_destroy", [&] {
-    if (plsgd == nullptr) return;
-    checked_plsgd(plsgd, "plsgd");
-    unregister_handle(plsgd);
-    plsgd->magic = 0;
-    plsgd->plsgd.reset();
-    release_optimizer(plsgd->optimizer);
-    delete plsgd;
+    destroy_handle(plsgd, kPostLocalSgdMagic, "shardopt_post_local_sgd_create", &shardopt_post_local_sgd_s::plsgd,
+                   "plsgd");
   });
 }
 
