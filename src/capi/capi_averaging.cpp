@@ -81,7 +81,9 @@ Handle* publish(uint64_t magic, shardopt_optimizer_s& optimizer, std::unique_ptr
 // A live handle of one kind (`creator` names the function that makes them, for messages).
 template <typename Handle>
 Handle& checked_handle(Handle* handle, uint64_t magic, const char* creator, const char* name) {
-  if (handle == nullptr) fail(SHARDOPT_ERR_NULL_POINTER, "{} is NULL; {} leaves its output NULL when it fails", name, creator);
+  if (handle == nullptr) {
+    fail(SHARDOPT_ERR_NULL_POINTER, "{} is NULL; {} leaves its output NULL when it fails", name, creator);
+  }
   check_handle(handle, magic, name);
   if (handle->magic != magic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
   return *handle;
