@@ -23,13 +23,10 @@ void add_replica_fields(ZeroOptimizer::Impl& im, AgreementRecord& record) {
   record.field("replica storage", im.config.storage == Storage::bucket_view ? "bucket_view" : "external");
   record.field("replica sharding", im.config.shard_state ? partition_name(im.config.partition) : "replicated");
   record.field("replica parameters", fmt::format("{}", im.table.size()));
-  uint64_t hash = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
+  uint64_t hash = comm::fnv1a("");
   for (std::size_t i = 0; i < im.table.size(); ++i) {
     const optim::ParamRecord& p = im.table.params()[i];
-    for (char c : p.name) mix(static_cast<unsigned char>(c));
-    mix(static_cast<uint64_t>(p.numel));
-    mix(p.trainable ? 1 : 0);
+    hash = comm::fnv1a(fmt::format("{}:{}:{};", p.name, p.numel, p.trainable ? 't' : 'f'), hash);
   }
   record.field("replica parameter names, sizes and trainable flags", fmt::format("hash {:#018x}", hash));
 }

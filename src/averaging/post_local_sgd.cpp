@@ -1,5 +1,6 @@
 // src/averaging/post_local_sgd.cpp — PostLocalSGDOptimizer: gradients averaged over the world in warmup and within the replica after it, then the step and the averager.
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,6 +18,7 @@ struct PostLocalSGDOptimizer::Impl {
   ZeroOptimizer& optimizer;
   ModelAverager averager;
   std::string load_warning;
+  std::vector<char> hand_copy;  // warmup's copy of a handed gradient, kept between calls
 
   ModelAverager::Impl& avg() { return *averager.impl_; }
   bool in_warmup() const { return averager.step() < averager.config().warmup_steps; }
@@ -76,7 +78,8 @@ void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
                  p.numel, dtype_name(p.dtype), grad.numel, dtype_name(grad.dtype), grad.data,
                  device_name(grad.device));
   // The caller's gradient is read-only: average a copy across the replicas, then hand that.
-  std::vector<char> copy(grad.nbytes());
+  std::vector<char>& copy = im.hand_copy;
+  copy.resize(grad.nbytes());
   std::memcpy(copy.data(), grad.data, copy.size());
   im.avg().counts.gradient_bytes += averaging::all_reduce_spans(
       *peers, {averaging::HostSpan{copy.data(), grad.numel}}, grad.dtype,

@@ -16,15 +16,15 @@
 
 namespace shardopt {
 namespace comm {
-namespace {
-
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+uint64_t fnv1a(const std::string& s, uint64_t h) {
   for (unsigned char c : s) {
     h ^= c;
     h *= 1099511628211ull;
   }
   return h;
 }
+
+namespace {
 
 template <std::size_t N>
 void copy_text(char (&dst)[N], const std::string& s) {

@@ -82,6 +82,10 @@ std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine);
 // reports its own original error.
 void join_failed(Communicator& comm, const std::string& operation, const Error& error) noexcept;
 
+// FNV-1a of `s`, continuing from `h`: how records hash their fields, and how a caller folds a
+// long description (every parameter of a model) into one field's value.
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull);
+
 // A double carried in a payload slot, bit for bit.
 uint64_t double_bits(double value);
 double bits_double(uint64_t bits);
