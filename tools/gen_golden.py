@@ -40,12 +40,13 @@ the unfused arithmetic instead (the capability used is recorded in the files).
 
 import argparse
 import inspect
-import json
 import math
 import os
 import re
 import sys
 import zlib
+
+from golden_json import write_json
 
 try:
     import torch
@@ -344,17 +345,6 @@ def run_case(spec):
     return data
 
 
-def write_json(path, data):
-    # indent puts every list element on its own line; innermost lists (tensors, betas, indices)
-    # go back on one line each so the files stay small and diff per tensor. No string inside
-    # such a list contains whitespace, so collapsing it is safe.
-    text = json.dumps(data, indent=1)
-    text = re.sub(r"\[([^\[\]{}]*)\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)).strip() + "]",
-                  text)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)  # readers never see a half-written file
 
 
 def main(argv):

@@ -47,6 +47,8 @@ import sys
 import tempfile
 import warnings
 import zlib
+
+from golden_json import write_json
 from collections import OrderedDict
 
 # Before torch is imported, here and (inherited) in every spawned rank.
@@ -274,16 +276,6 @@ def check_case(spec, expected, group_sizes):
                 raise RuntimeError("%s step %d: a group differs after averaging" % (spec["name"], step))
 
 
-def write_json(path, data):
-    # Innermost lists (tensors, levels) on one line each so the files stay small and diff per
-    # tensor; no string inside such a list contains whitespace, so collapsing it is safe.
-    text = json.dumps(data, indent=1)
-    text = re.sub(r"\[([^\[\]{}]*)\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)).strip() + "]",
-                  text)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)  # readers never see a half-written file
 
 
 def main(argv):

@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 
 import shardopt
+from support import raises
 
 COMM = shardopt.mpi_world(timeout_seconds=120)
 SIZES = (13, 4)
@@ -50,16 +51,6 @@ def params(opt):
 
 def same_bits(a, b):
     return all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
-
-
-def raises(call, code="invalid_argument"):
-    """The shardopt.Error that call() raises (failing the test if it does not)."""
-    try:
-        call()
-    except shardopt.Error as e:
-        assert e.code == code, (e.code, str(e))
-        return str(e)
-    raise AssertionError("no shardopt.Error was raised")
 
 
 def plain_local_sgd(opt, averager, steps, first=0):
@@ -288,7 +279,7 @@ def test_save_and_load_round_trip():
 
 
 def main():
-    from script_runner import run_tests
+    from support import run_tests
     return run_tests(globals(), COMM.rank)
 
 

@@ -11,19 +11,10 @@ import sys
 import numpy as np
 
 import shardopt
+from support import raises
 
 COMM = shardopt.mpi_world(timeout_seconds=120)
 SGD_EXTERNAL = dict(algorithm=shardopt.Algorithm.sgd, storage=shardopt.Storage.external)
-
-
-def raises(call, code="invalid_argument"):
-    """The shardopt.Error that call() raises (failing the test if it does not)."""
-    try:
-        call()
-    except shardopt.Error as e:
-        assert e.code == code, (e.code, str(e))
-        return str(e)
-    raise AssertionError("no shardopt.Error was raised")
 
 
 def external_param(name, n, value=1.0, grad=1.0):
@@ -162,7 +153,7 @@ def test_bad_keyword_hyperparameters_are_refused_by_name():
 
 
 def main():
-    from script_runner import run_tests
+    from support import run_tests
     return run_tests(globals(), COMM.rank)
 
 

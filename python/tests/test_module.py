@@ -200,7 +200,7 @@ def test_torch_tensors_when_available():
 
 
 def main():
-    from script_runner import run_tests
+    from support import run_tests
     return run_tests(globals(), COMM.rank)
 
 

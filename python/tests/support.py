@@ -1,6 +1,18 @@
-"""python/tests/script_runner.py — runs a test module's test_* functions when it is started as a script (under mpirun without pytest)."""
+"""python/tests/support.py — what the test modules share: expecting a shardopt.Error, and their script mode (under mpirun without pytest)."""
 import sys
 import traceback
+
+import shardopt
+
+
+def raises(call, code="invalid_argument"):
+    """The shardopt.Error that call() raises (failing the test if it does not)."""
+    try:
+        call()
+    except shardopt.Error as e:
+        assert e.code == code, (e.code, str(e))
+        return str(e)
+    raise AssertionError("no shardopt.Error was raised")
 
 
 def run_tests(namespace: dict, rank: int) -> int:
