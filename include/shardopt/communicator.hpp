@@ -25,6 +25,9 @@ struct CommOptions {
   // late), so every later call on that communicator, or on its other pending collectives,
   // raises Error(timeout) at once naming the collective that timed out. <= 0 disables the
   // watchdog; NaN is refused (Error(invalid_argument)) when the communicator is created.
+  // Where shardopt initialised MPI it also finalises it at exit, and this bounds that too:
+  // when the peers do not all reach exit within the longest timeout in use (one died or was
+  // cut off), the process ends without MPI_Finalize, which would wait for it forever.
   double timeout_seconds = 600.0;
   // Which ranks form a node: those that can share host memory (MPI_COMM_TYPE_SHARED) when 0;
   // when n > 0, consecutive groups of n of those, each treated as a node of its own (to run

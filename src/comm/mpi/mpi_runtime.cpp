@@ -3,9 +3,11 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
+#include "comm/watchdog.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
@@ -26,7 +28,28 @@ MpiRuntime::MpiRuntime() {
 MpiRuntime::~MpiRuntime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (owns_ && !finalized) MPI_Finalize();
+  if (!owns_ || finalized) return;
+  if (!peers_reach_exit()) return;  // see the class comment
+  MPI_Finalize();
+}
+
+void MpiRuntime::note_timeout(double seconds) {
+  if (std::isinf(seconds)) seconds = 0.0;  // waits forever: as no watchdog
+  if (seconds > exit_timeout_) exit_timeout_ = seconds;
+}
+
+bool MpiRuntime::peers_reach_exit() const {
+  if (exit_timeout_ <= 0) return true;
+  const WorldErrorsReturn errors_return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &request) != MPI_SUCCESS) return false;
+  int code = MPI_SUCCESS;
+  const bool done = poll_until(Deadline(exit_timeout_), [&] {
+    int flag = 0;
+    code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    return flag != 0 || code != MPI_SUCCESS;
+  });
+  return done && code == MPI_SUCCESS;
 }
 
 std::shared_ptr<MpiRuntime> shared_mpi_runtime() {

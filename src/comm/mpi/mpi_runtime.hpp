@@ -9,6 +9,12 @@ namespace comm {
 
 // Initialises MPI when nobody has (MPI_THREAD_FUNNELED) and, in that case only, finalises it
 // when destroyed. One per process: see shared_mpi_runtime().
+//
+// Finalising is bounded: MPI_Finalize waits for every process of the job, forever when one has
+// died or is cut off and the launcher lets the survivors run (mpirun --enable-recovery). So
+// the ranks first meet in a watched barrier, and a process whose peers do not all reach exit
+// within the longest collective timeout its communicators use ends without MPI_Finalize (its
+// launcher then reports an improper exit, which the job is).
 class MpiRuntime {
  public:
   MpiRuntime();
@@ -16,8 +22,16 @@ class MpiRuntime {
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
 
+  // A communicator of this process uses `seconds` as its collective timeout (<= 0: none).
+  void note_timeout(double seconds);
+
  private:
+  // True when every process of the job reaches this point within exit_timeout_ (a watched
+  // barrier on MPI_COMM_WORLD), or when no timeout is in use.
+  bool peers_reach_exit() const;
+
   bool owns_ = false;
+  double exit_timeout_ = 0.0;
 };
 
 // The process's runtime. MPI can be initialised only once per process, so a static holds it

@@ -14,11 +14,40 @@ MpiCommState::MpiCommState(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
     : runtime_(std::move(runtime)), options_(options) {
   MPI_Comm_rank(parent, &rank_);
   MPI_Comm_size(parent, &size_);
+  meet_on(parent);
   check(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   check(peers_.gather(comm_, rank_), "MPI_Allgather of the ranks' hosts");
+  if (runtime_) runtime_->note_timeout(options_.timeout_seconds);
+}
+
+void MpiCommState::meet_on(MPI_Comm parent) {
+  // The parent is the caller's communicator: its handler is left as it is, and a barrier that
+  // times out stays live on it (MPI cannot cancel it), as the caller's own collectives would.
+  const WorldErrorsReturn errors_return;
+  MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(parent, &saved);
+  MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+  MPI_Request request = MPI_REQUEST_NULL;
+  int code = MPI_Ibarrier(parent, &request);
+  bool done = code != MPI_SUCCESS;
+  if (code == MPI_SUCCESS) {
+    done = poll_until(Deadline(options_.timeout_seconds), [&] {
+      int flag = 0;
+      code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+      return flag != 0 || code != MPI_SUCCESS;
+    });
+  }
+  MPI_Comm_set_errhandler(parent, saved);
+  MPI_Errhandler_free(&saved);
+  SHARDOPT_CHECK(code == MPI_SUCCESS, comm, "creating a communicator on rank {} of {}: the ranks' meeting failed in MPI: {}",
+                 rank_, size_, mpi_error_string(code));
+  SHARDOPT_CHECK(done, timeout,
+                 "creating a communicator on rank {} of {}: not every rank arrived within {:g} s (a peer is dead, "
+                 "unreachable, or did not create it)",
+                 rank_, size_, options_.timeout_seconds);
 }
 
 MpiCommState::~MpiCommState() {
@@ -74,7 +103,7 @@ void MpiCommState::wait(MPI_Request& request, const char* op) {
     unusable_ = fmt::format("{} on rank {} of {} failed in MPI: {}{}", op, rank_, size_,
                             mpi_error_string(code), missing);
     unusable_code_ = ErrorCode::comm;
-    raise(ErrorCode::comm, "{}. {}; the communicator is now unusable", unusable_,
+      raise(ErrorCode::comm, "{}. {}; the communicator is now unusable", unusable_,
           missing.empty() ? "The ranks issued different collectives (a peer is in another "
                             "shardopt call or called the communicator directly), or a peer died "
                             "or its link failed"

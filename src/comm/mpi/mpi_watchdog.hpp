@@ -62,6 +62,10 @@ class MpiCommState {
   void keep_live(MPI_Request request);
 
  private:
+  // A watched barrier on `parent` before MPI_Comm_dup, which blocks with no deadline: a peer
+  // that is dead or unreachable becomes Error(timeout) here instead of a hang there.
+  void meet_on(MPI_Comm parent);
+
   std::shared_ptr<MpiRuntime> runtime_;  // null for a borrowed communicator
   CommOptions options_;
   MPI_Comm comm_ = MPI_COMM_NULL;
