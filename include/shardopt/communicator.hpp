@@ -23,8 +23,9 @@ struct CommOptions {
   // operation and rank instead of hanging forever, and poisons its communicator: the
   // collective cannot be cancelled (its buffers may still be written if the peer arrives
   // late), so every later call on that communicator, or on its other pending collectives,
-  // raises Error(timeout) at once naming the collective that timed out. <= 0 disables the
-  // watchdog; NaN is refused (Error(invalid_argument)) when the communicator is created.
+  // raises Error(timeout) at once naming the collective that timed out. 0 disables the
+  // watchdog (as does +inf); NaN and negative values are refused (Error(invalid_argument))
+  // when the communicator is created.
   double timeout_seconds = 600.0;
   // Which ranks form a node: those that can share host memory (MPI_COMM_TYPE_SHARED) when 0;
   // when n > 0, consecutive groups of n of those, each treated as a node of its own (to run
