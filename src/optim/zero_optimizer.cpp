@@ -16,23 +16,6 @@ namespace shardopt {
 using comm::AgreementRecord;
 using optim::ParamRecord;
 
-const char* algorithm_name(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::sgd: return "sgd";
-    case Algorithm::adam: return "adam";
-    case Algorithm::adamw: return "adamw";
-  }
-  return "unknown";
-}
-
-const char* partition_name(PartitionStrategy partition) {
-  switch (partition) {
-    case PartitionStrategy::flat: return "flat";
-    case PartitionStrategy::sorted_greedy: return "sorted_greedy";
-  }
-  return "unknown";
-}
-
 namespace {
 
 checkpoint::OptimizerParts parts_of(ZeroOptimizer::Impl& im) {
