@@ -250,7 +250,8 @@ TEST_CASE("clip_grad_norm with a bad max_norm or norm_type on one rank fails on 
   require_named_on_every_rank(error, ErrorCode::invalid_argument, "clip_grad_norm", last,
                               "clip_grad_norm: max_norm must be a finite number >= 0, got nan");
   error = error_of([&] { opt.clip_grad_norm(bad ? -1.0 : 1.0); });
-  require_named_on_every_rank(error, ErrorCode::invalid_argument, "clip_grad_norm", last, "got -1");
+  require_named_on_every_rank(error, ErrorCode::invalid_argument, "clip_grad_norm", last,
+                              "clip_grad_norm: max_norm must be a finite number >= 0, got -1");
   error = error_of([&] { opt.clip_grad_norm(1.0, bad ? 3.0 : 2.0); });
   require_named_on_every_rank(error, ErrorCode::invalid_argument, "clip_grad_norm", last,
                               "clip_grad_norm: norm_type 3 is not supported (2 or inf)");
