@@ -10,6 +10,8 @@ SHARDOPT_DEB_PACKAGES=(
   cmake g++ make pkg-config
   libopenmpi-dev openmpi-bin
   catch2 libfmt-dev libopenblas-dev nlohmann-json3-dev
+  # The fuzz harnesses (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
+  clang libclang-rt-dev
 )
 
 # Prints, one per line, the packages of "$@" that dpkg does not report as installed.

@@ -23,8 +23,9 @@ struct CommOptions {
   // operation and rank instead of hanging forever, and poisons its communicator: the
   // collective cannot be cancelled (its buffers may still be written if the peer arrives
   // late), so every later call on that communicator, or on its other pending collectives,
-  // raises Error(timeout) at once naming the collective that timed out. <= 0 disables the
-  // watchdog; NaN is refused (Error(invalid_argument)) when the communicator is created.
+  // raises Error(timeout) at once naming the collective that timed out. 0 disables the
+  // watchdog (as does +inf); NaN and negative values are refused (Error(invalid_argument))
+  // when the communicator is created.
   // Where shardopt initialised MPI it also finalises it at exit, and this bounds that too:
   // when the peers do not all reach exit within the longest timeout in use (one died or was
   // cut off), the process ends without MPI_Finalize, which would wait for it forever.

@@ -18,6 +18,7 @@ enum class ErrorCode : int {
   cuda = 7,
   timeout = 8,       // a collective did not finish in time (dead or diverged peer)
   internal = 9,
+  out_of_memory = 10,  // an allocation failed (the message names what and how many bytes)
 };
 SHARDOPT_API const char* error_code_name(ErrorCode code);
 

@@ -53,10 +53,11 @@ typedef enum shardopt_status {
   SHARDOPT_ERR_UNSUPPORTED = 6,  /* valid, but not in this build (dtype, device, NCCL...) */
   SHARDOPT_ERR_CUDA = 7,
   SHARDOPT_ERR_TIMEOUT = 8,      /* a collective did not finish in time (dead or diverged peer) */
-  SHARDOPT_ERR_INTERNAL = 9,     /* a bug in shardopt, or out of memory */
+  SHARDOPT_ERR_INTERNAL = 9,     /* a bug in shardopt */
   SHARDOPT_ERR_BAD_HANDLE = 10,  /* destroyed, never created, or the wrong kind of handle */
   SHARDOPT_ERR_NULL_POINTER = 11,
-  SHARDOPT_ERR_STRUCT_SIZE = 12  /* struct_size is not one this library knows */
+  SHARDOPT_ERR_STRUCT_SIZE = 12, /* struct_size is not one this library knows */
+  SHARDOPT_ERR_OUT_OF_MEMORY = 13 /* an allocation failed (the message names what and its bytes) */
 } shardopt_status;
 
 /* The message of the last failed call on this thread ("" after a successful one). Never NULL. */
@@ -106,7 +107,8 @@ typedef struct shardopt_comm_s* shardopt_comm_t;
 typedef struct shardopt_comm_options {
   size_t struct_size;
   /* A collective that has not finished after this many seconds fails with SHARDOPT_ERR_TIMEOUT
-   * naming the operation and rank, instead of hanging. <= 0 disables the watchdog. */
+   * naming the operation and rank, instead of hanging. 0 disables the watchdog;
+   * NaN and negative values are refused with SHARDOPT_ERR_INVALID_ARGUMENT. */
   double timeout_seconds;
 } shardopt_comm_options;
 

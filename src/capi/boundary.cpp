@@ -72,6 +72,7 @@ shardopt_status status_from(ErrorCode code) noexcept {
     case ErrorCode::cuda: return SHARDOPT_ERR_CUDA;
     case ErrorCode::timeout: return SHARDOPT_ERR_TIMEOUT;
     case ErrorCode::internal: return SHARDOPT_ERR_INTERNAL;
+    case ErrorCode::out_of_memory: return SHARDOPT_ERR_OUT_OF_MEMORY;
   }
   return SHARDOPT_ERR_INTERNAL;
 }
@@ -86,6 +87,7 @@ ErrorCode error_code_from(shardopt_status status) noexcept {
     case SHARDOPT_ERR_CUDA: return ErrorCode::cuda;
     case SHARDOPT_ERR_TIMEOUT: return ErrorCode::timeout;
     case SHARDOPT_ERR_INTERNAL: return ErrorCode::internal;
+    case SHARDOPT_ERR_OUT_OF_MEMORY: return ErrorCode::out_of_memory;
     default: return ErrorCode::invalid_argument;  // handles, NULLs and struct sizes are bad arguments
   }
 }
@@ -221,6 +223,7 @@ const char* shardopt_status_name(shardopt_status status) {
     case SHARDOPT_ERR_BAD_HANDLE: return "SHARDOPT_ERR_BAD_HANDLE";
     case SHARDOPT_ERR_NULL_POINTER: return "SHARDOPT_ERR_NULL_POINTER";
     case SHARDOPT_ERR_STRUCT_SIZE: return "SHARDOPT_ERR_STRUCT_SIZE";
+    case SHARDOPT_ERR_OUT_OF_MEMORY: return "SHARDOPT_ERR_OUT_OF_MEMORY";
   }
   return "SHARDOPT_ERR_UNKNOWN";
 }

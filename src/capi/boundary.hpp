@@ -80,7 +80,7 @@ shardopt_status guard(const char* function, Body&& body) noexcept {
   } catch (const Error& e) {
     return record_failure(function, status_from(e.code()), e.what());
   } catch (const std::bad_alloc&) {
-    return record_failure(function, SHARDOPT_ERR_INTERNAL, "out of memory");
+    return record_failure(function, SHARDOPT_ERR_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception& e) {
     return record_failure(function, SHARDOPT_ERR_INTERNAL, e.what());
   } catch (...) {

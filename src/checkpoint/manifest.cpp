@@ -92,7 +92,7 @@ Manifest manifest_from_json(const nlohmann::json& json, const std::string& path,
   m.save_id = j.string("save_id");
   m.world_size = static_cast<int>(j.integer("world_size", 1, kMaxWorldSize));
   m.partition = strategy_from_name(j.string("partition"), path);
-  m.alignment = j.integer("alignment", 1, kMaxElements);
+  m.alignment = j.integer("alignment", 1, kMaxAlignment);
   m.algorithm = algorithm_from_name(j.string("algorithm"), path);
   const nlohmann::json& kinds = array_at(j, "state_kinds");
   for (std::size_t k = 0; k < kinds.size(); ++k) {

@@ -27,8 +27,10 @@ constexpr int kFormatVersion = 2;
 // The shard files' own layout (and the consolidated export's) did not change with version 2.
 constexpr int kShardFormatVersion = 1;
 constexpr const char* kManifestName = "manifest.json";
-// Far above any real job; bounds the number of shard files a manifest may list.
-constexpr int kMaxWorldSize = 1 << 24;
+// Far above any real job; bounds the number of shard files a manifest may list. The most ranks
+// and the largest alignment a layout takes (partition.hpp), so that whatever is saved loads.
+constexpr int kMaxWorldSize = partition::kMaxWorld;
+constexpr int64_t kMaxAlignment = partition::kMaxAlignment;
 constexpr const char* kParamsTensor = "params";
 constexpr const char* kFrozenTensor = "frozen_params";
 

@@ -146,13 +146,32 @@ void check_files_and_segments(const Manifest& m, const std::string& path) {
   }
 }
 
+// The alignment a layout of this partition has: a power of two under flat (every shard then
+// holds a whole number of aligned blocks, all shards alike), 1 otherwise (unpadded shards).
+void check_alignment(const Manifest& m, const std::string& path) {
+  const int64_t a = m.alignment;
+  SHARDOPT_CHECK(a >= 1 && a <= kMaxAlignment && (a & (a - 1)) == 0, corrupt,
+                 "'{}': alignment {} is not a power of two in [1, {}]", path, a, kMaxAlignment);
+  if (m.partition != partition::Strategy::flat) {
+    SHARDOPT_CHECK(a == 1, corrupt, "'{}': alignment is {}, but a {} layout is unpadded (alignment 1)", path, a,
+                   strategy_name(m.partition));
+    return;
+  }
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const int64_t n = m.files[i].shard_numel;
+    SHARDOPT_CHECK(n % a == 0 && n == m.files[0].shard_numel, corrupt,
+                   "'{}': files[{}] has shard_numel {}, but flat shards all hold the same multiple of the alignment {} "
+                   "(files[0] has {})",
+                   path, i, n, a, m.files[0].shard_numel);
+  }
+}
+
 }  // namespace
 
 void check_manifest(const Manifest& m, const std::string& path) {
   SHARDOPT_CHECK(m.world_size >= 1 && m.world_size <= kMaxWorldSize, corrupt, "'{}': world_size {} is out of range", path,
                  m.world_size);
-  SHARDOPT_CHECK(m.alignment >= 1 && m.alignment <= kMaxElements, corrupt, "'{}': alignment {} is out of range", path,
-                 m.alignment);
+  check_alignment(m, path);
   SHARDOPT_CHECK(plain_save_id(m.save_id), corrupt, "'{}': save_id '{}' is not a plain identifier", path, m.save_id);
   SHARDOPT_CHECK(!m.has_loss_scale || (std::isfinite(m.loss_scale) && m.loss_scale > 0 && m.growth_tracker >= 0), corrupt,
                  "'{}': loss_scaling holds scale {} and growth_tracker {}", path, m.loss_scale, m.growth_tracker);

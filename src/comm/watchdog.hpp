@@ -29,12 +29,18 @@ class Deadline {
 };
 
 // Refuses a timeout that is not a number (a NaN compares false with everything, so it would
-// silently mean "no watchdog"). <= 0 is the documented "no watchdog"; +inf waits forever too.
+// silently mean "no watchdog") or negative (most likely a computed value gone wrong, which must
+// not silently disable the watchdog either). 0 is the documented "no watchdog"; +inf waits
+// forever too.
 inline void check_timeout_option(const CommOptions& options, const char* factory) {
   SHARDOPT_CHECK(!std::isnan(options.timeout_seconds), invalid_argument,
                  "{}: CommOptions.timeout_seconds is NaN; give the number of seconds a "
-                 "collective may take, or <= 0 for no watchdog",
+                 "collective may take, or 0 for no watchdog",
                  factory);
+  SHARDOPT_CHECK(options.timeout_seconds >= 0, invalid_argument,
+                 "{}: CommOptions.timeout_seconds is {}, negative; give the number of seconds a "
+                 "collective may take, or 0 for no watchdog",
+                 factory, options.timeout_seconds);
   SHARDOPT_CHECK(options.ranks_per_node >= 0, invalid_argument,
                  "{}: CommOptions.ranks_per_node is {}; give 0 (the ranks that share memory) or a "
                  "positive group size",

@@ -59,7 +59,9 @@ void* cuda_allocate_zeroed(Device device, std::size_t bytes, void* stream) {
   const cudaError_t status = cudaMalloc(&p, bytes);
   if (status != cudaSuccess) {
     cudaGetLastError();
-    raise(ErrorCode::cuda, "cudaMalloc of {} bytes on {} failed: {} ({})", bytes,
+    // Out of device memory is the caller's to handle (a smaller model, more ranks), not a fault.
+    raise(status == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::cuda,
+          "cudaMalloc of {} bytes on {} failed: {} ({})", bytes,
           device_name(device), cudaGetErrorString(status), cudaGetErrorName(status));
   }
   const cudaError_t zeroed = cudaMemsetAsync(p, 0, bytes, as_stream(stream));

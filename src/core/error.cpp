@@ -14,6 +14,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::cuda: return "cuda";
     case ErrorCode::timeout: return "timeout";
     case ErrorCode::internal: return "internal";
+    case ErrorCode::out_of_memory: return "out_of_memory";
   }
   return "unknown";
 }

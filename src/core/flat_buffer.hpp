@@ -7,6 +7,7 @@
 #include <memory>
 #include <new>
 
+#include "core/check.hpp"
 #include "core/device_memory.hpp"
 #include "shardopt/types.hpp"
 
@@ -52,7 +53,8 @@ class FlatBuffer {
       data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, nullptr});
     } else {
       void* p = std::aligned_alloc(64, bytes);
-      if (p == nullptr) throw std::bad_alloc();
+      SHARDOPT_CHECK(p != nullptr, out_of_memory, "out of memory: allocating a host buffer of {} {} elements ({} bytes)",
+                     numel, dtype_name(dtype_), bytes);
       std::memset(p, 0, bytes);
       data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, nullptr});
     }

@@ -1,4 +1,4 @@
-// src/core/types.cpp — names of dtypes and devices, and the library version.
+// src/core/types.cpp — names of dtypes, devices, algorithms and partitions, and the library version.
 #include <string>
 
 #include "shardopt/shardopt.hpp"
@@ -18,6 +18,23 @@ const char* dtype_name(DType dtype) {
 std::string device_name(Device device) {
   if (device.is_cpu()) return "cpu";
   return "cuda:" + std::to_string(device.index);
+}
+
+const char* algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::sgd: return "sgd";
+    case Algorithm::adam: return "adam";
+    case Algorithm::adamw: return "adamw";
+  }
+  return "unknown";
+}
+
+const char* partition_name(PartitionStrategy partition) {
+  switch (partition) {
+    case PartitionStrategy::flat: return "flat";
+    case PartitionStrategy::sorted_greedy: return "sorted_greedy";
+  }
+  return "unknown";
 }
 
 const char* version() { return SHARDOPT_VERSION_STRING; }

@@ -92,6 +92,9 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
     choice.dtype_source = fmt::format("parameter '{}'", params_.front().name);
   }
   SHARDOPT_CHECK(!specs.empty(), invalid_argument, "the parameter list is empty");
+  // Every parameter, frozen or not, takes room in a bucket view's buffer: the running total
+  // of all of them must stay within what a layout holds (partition::kMaxElements).
+  int64_t total = params_.empty() ? 0 : params_.back().first_index + params_.back().numel;
   for (std::size_t g = 0; g < specs.size(); ++g) {
     const ParamGroupSpec& spec = specs[g];
     const int group_index = num_groups() + static_cast<int>(g);
@@ -104,6 +107,15 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       const std::string label = p.name.empty() ? fmt::format("#{}", position) : "'" + p.name + "'";
       SHARDOPT_CHECK(!p.name.empty(), invalid_argument, "parameter {} in group {} has no name", label, group_index);
       SHARDOPT_CHECK(p.param.numel >= 0, invalid_argument, "parameter {} has negative numel {}", label, p.param.numel);
+      SHARDOPT_CHECK(p.param.numel <= partition::kMaxElements, invalid_argument,
+                     "parameter {} has numel {}, more than the {} (2^56) elements shardopt lays out", label,
+                     p.param.numel, partition::kMaxElements);
+      // Both terms are within [0, 2^56]: the sum cannot overflow before it is compared.
+      total += p.param.numel;
+      SHARDOPT_CHECK(total <= partition::kMaxElements, invalid_argument,
+                     "parameter {} brings the parameters' elements to {} in all, more than the {} (2^56) shardopt "
+                     "lays out",
+                     label, total, partition::kMaxElements);
       check_param_device(label, p.param.device, choice, rank);
       check_param_dtype(label, p.param.dtype, choice);
       check_buffers(label, p, config.storage);

@@ -8,29 +8,13 @@
 #include "cpu/cpu_isa.hpp"
 #include "optim/agreement_fields.hpp"
 #include "optim/hyperparams.hpp"
+#include "optim/memory_budget.hpp"
 #include "optim/zero_optimizer_impl.hpp"
 
 namespace shardopt {
 
 using comm::AgreementRecord;
 using optim::ParamRecord;
-
-const char* algorithm_name(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::sgd: return "sgd";
-    case Algorithm::adam: return "adam";
-    case Algorithm::adamw: return "adamw";
-  }
-  return "unknown";
-}
-
-const char* partition_name(PartitionStrategy partition) {
-  switch (partition) {
-    case PartitionStrategy::flat: return "flat";
-    case PartitionStrategy::sorted_greedy: return "sorted_greedy";
-  }
-  return "unknown";
-}
 
 namespace {
 
@@ -84,6 +68,10 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
     const std::string comm_label = fmt::format("the {} communicator", im.dev.comm().backend_name());
     added = im.table.prepare(specs, im.config, im.dev.comm().device(), comm_label, im.dev.rank());
     im.dev.adopt(added.choice.device);
+    // Sizes the layout cannot hold, or buffers this machine cannot, fail every rank here.
+    const optim::MemoryBudget budget =
+        optim::registration_budget(im.config, im.table, added, im.dev.rank(), im.dev.world());
+    if (!added.choice.device.is_cuda()) optim::check_budget(budget, optim::host_memory_bytes(), im.dev.rank());
   });
   if (!record.failed()) optim::add_registration_fields(added, first_id, first_group, record);
   agree(im, record);

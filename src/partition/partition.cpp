@@ -11,11 +11,9 @@ namespace partition {
 namespace {
 
 void check_inputs(const std::vector<ParamInfo>& params, int world) {
-  SHARDOPT_CHECK(world >= 1, invalid_argument, "world size must be >= 1, got {}", world);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    SHARDOPT_CHECK(params[i].numel >= 0, invalid_argument, "parameter #{} has negative numel {}",
-                   i, params[i].numel);
-  }
+  SHARDOPT_CHECK(world >= 1 && world <= kMaxWorld, invalid_argument, "world size must be in [1, {}], got {}",
+                 kMaxWorld, world);
+  checked_total_numel(params, /*frozen_too=*/true);
 }
 
 Layout empty_layout(Strategy strategy, const std::vector<ParamInfo>& params, int world,
@@ -53,14 +51,36 @@ void fill_contiguous_segments(const std::vector<ParamInfo>& params, Layout& layo
 
 }  // namespace
 
+int64_t checked_total_numel(const std::vector<ParamInfo>& params, bool frozen_too) {
+  int64_t total = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel;
+    SHARDOPT_CHECK(n >= 0 && n <= kMaxElements, invalid_argument,
+                   "parameter #{} has numel {}, outside [0, {}] (2^56, the most elements shardopt lays out)", i, n,
+                   kMaxElements);
+    if (!frozen_too && !params[i].trainable) continue;
+    // Both terms are within [0, 2^56]: the sum cannot overflow before it is compared.
+    total += n;
+    SHARDOPT_CHECK(total <= kMaxElements, invalid_argument,
+                   "parameters #0..#{} hold {} elements in all, more than {} (2^56, the most shardopt lays out)", i,
+                   total, kMaxElements);
+  }
+  return total;
+}
+
 Layout make_flat_layout(const std::vector<ParamInfo>& params, int world, int64_t alignment) {
   check_inputs(params, world);
-  SHARDOPT_CHECK(alignment >= 1, invalid_argument, "alignment must be >= 1, got {}", alignment);
+  SHARDOPT_CHECK(alignment >= 1 && alignment <= kMaxAlignment && (alignment & (alignment - 1)) == 0, invalid_argument,
+                 "alignment must be a power of two in [1, {}], got {}", kMaxAlignment, alignment);
   Layout layout = empty_layout(Strategy::flat, params, world, alignment);
-  int64_t total = 0;
-  for (const ParamInfo& p : params) total += p.trainable ? p.numel : 0;
+  const int64_t total = checked_total_numel(params, /*frozen_too=*/false);
+  // quantum <= 2^44 and total <= 2^56: the rounding below cannot overflow.
   const int64_t quantum = alignment * world;
   const int64_t padded = (total + quantum - 1) / quantum * quantum;
+  SHARDOPT_CHECK(padded <= kMaxElements, invalid_argument,
+                 "the flat buffer of {} elements, padded to a multiple of {} ranks x alignment {}, holds {}: more than "
+                 "{} (2^56)",
+                 total, world, alignment, padded, kMaxElements);
   const int64_t shard_numel = padded / world;
   for (int r = 0; r < world; ++r) {
     layout.shards[static_cast<std::size_t>(r)].offset = r * shard_numel;

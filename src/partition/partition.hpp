@@ -11,6 +11,16 @@
 namespace shardopt {
 namespace partition {
 
+// The most elements one parameter, all of them together, or a padded flat buffer may hold:
+// 2^56 (256 PiB of floats). Bytes of any buffer over such counts (at most 8 bytes an element,
+// times the few buffers of a layout) stay far inside int64, and so do sums of offsets, so the
+// layout and everything indexing it need no further overflow checks. Larger counts are
+// refused with Error(invalid_argument) naming the parameter.
+constexpr int64_t kMaxElements = int64_t{1} << 56;
+// The largest world and alignment a layout takes: their product stays far below kMaxElements.
+constexpr int kMaxWorld = 1 << 24;
+constexpr int64_t kMaxAlignment = int64_t{1} << 20;
+
 enum class Strategy : int32_t {
   flat = 0,           // equal contiguous shards of the padded concatenation; params may straddle
   sorted_greedy = 1,  // torch's ZeroRedundancyOptimizer assignment: whole params per rank
@@ -22,6 +32,11 @@ struct ParamInfo {
   int32_t group = 0;
   bool trainable = true;
 };
+
+// Elements of `params` that are trainable (placed in the flat buffer) plus, with
+// `frozen_too`, the frozen ones; Error(invalid_argument) naming the first parameter whose numel
+// is negative or above kMaxElements, or at which the running sum passes kMaxElements.
+int64_t checked_total_numel(const std::vector<ParamInfo>& params, bool frozen_too);
 
 // A contiguous piece of one parameter inside a shard.
 struct Segment {
@@ -51,6 +66,9 @@ struct Layout {
   std::vector<int32_t> param_owner;
 };
 
+// Every make_*_layout checks its inputs (world in [1, kMaxWorld], alignment a power of two up
+// to kMaxAlignment, numels as checked_total_numel, the padded buffer within kMaxElements).
+//
 // flat: trainable params concatenated in registration order, padded to a multiple of
 // world*alignment; rank r gets elements [r*S, (r+1)*S) with S = that total / world.
 Layout make_flat_layout(const std::vector<ParamInfo>& params, int world, int64_t alignment);

@@ -66,6 +66,7 @@ std::vector<float> grad_for(int32_t id, int step, int64_t n) {
 
 TEST_CASE("status names, version and the thread-local last error", "[capi][errors]") {
   CHECK(std::string(shardopt_status_name(SHARDOPT_ERR_STRUCT_SIZE)) == "SHARDOPT_ERR_STRUCT_SIZE");
+  CHECK(std::string(shardopt_status_name(SHARDOPT_ERR_OUT_OF_MEMORY)) == "SHARDOPT_ERR_OUT_OF_MEMORY");
   CHECK(std::string(shardopt_status_name(SHARDOPT_OK)) == "SHARDOPT_OK");
   CHECK(std::string(shardopt_status_name(static_cast<shardopt_status>(1234))) == "SHARDOPT_ERR_UNKNOWN");
   CHECK(std::string(shardopt_version()) == shardopt::version());

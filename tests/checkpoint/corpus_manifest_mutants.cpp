@@ -192,6 +192,35 @@ std::vector<Mutant> sealed_mutants() {
                      [](J& m) { m["world_size"] = 3; }));
   v.push_back(sealed("sealed-world-size-huge", "adam", {"world_size is 1099511627776, not an integer in [1, 16777216]"},
                      "world_size 2^40 (would wrap an int)", [](J& m) { m["world_size"] = int64_t{1} << 40; }));
+  v.push_back(sealed("sealed-world-size-float", "adam", {"world_size is 3.7, not an integer in [1, 16777216]"},
+                     "world_size 3.7 (was truncated to 3)", [](J& m) { m["world_size"] = 3.7; }));
+  // Alignment: an integer, a power of two, within what a layout takes, and the one its
+  // partition has (flat shards hold whole aligned blocks).
+  v.push_back(sealed("sealed-alignment-float-huge", "adam", {"alignment is 7.7e+61, not an integer in [1, 1048576]"},
+                     "alignment 7.7e61 (float-to-integer overflow in the old parser)",
+                     [](J& m) { m["alignment"] = 7.7e61; }));
+  v.push_back(sealed("sealed-alignment-too-large", "adam", {"alignment is 2097152, not an integer in [1, 1048576]"},
+                     "alignment 2^21", [](J& m) { m["alignment"] = int64_t{1} << 21; }));
+  v.push_back(sealed("sealed-alignment-not-power-of-two", "adam", {"alignment 3 is not a power of two in [1, 1048576]"},
+                     "alignment 3", [](J& m) { m["alignment"] = 3; }));
+  v.push_back(sealed("sealed-alignment-not-dividing-shards", "adam",
+                     {"files[0] has shard_numel", "flat shards all hold the same multiple of the alignment 1048576"},
+                     "alignment 2^20, more than a shard holds", [](J& m) { m["alignment"] = int64_t{1} << 20; }));
+  v.push_back(sealed("sealed-alignment-sorted-greedy", "sgd", {"alignment is 16, but a sorted_greedy layout is unpadded"},
+                     "alignment 16 on a sorted_greedy layout", [](J& m) { m["alignment"] = 16; }));
+  v.push_back(sealed("sealed-file-crc-2^40", "adam", {"files[0].crc32c is 1099511627776, not an integer in [0, 4294967295]"},
+                     "a CRC of 2^40 (was truncated to 32 bits)", [](J& m) { m["files"][0]["crc32c"] = int64_t{1} << 40; }));
+  // A number beyond 64 bits: the JSON parser holds it as a float, which is refused, not cast.
+  v.push_back(Mutant{"sealed-numel-25-digits", "adam", ErrorCode::corrupt,
+                     {kM, "params[0].numel is 1e+24, not an integer in [0, 72057594037927936]"},
+                     "a numel of 25 digits", [](CorpusDir& d) {
+                       d.edit_manifest_text([](std::string& body) {
+                         const std::string key = "\"numel\": 5,";
+                         const std::size_t at = body.find(key);
+                         if (at == std::string::npos) throw std::runtime_error("sealed-numel-25-digits: no numel 5");
+                         body.replace(at, key.size(), "\"numel\": 1000000000000000000000000,");
+                       });
+                     }});
   v.push_back(sealed("sealed-generation-negative", "adam", {"generation is -1, not an integer in [0, 18446744073709551615]"},
                      "generation -1", [](J& m) { m["generation"] = -1; }));
   v.push_back(sealed("sealed-loss-scale-zero", "adam", {"loss_scaling holds scale 0"}, "a loss scale of 0",

@@ -202,7 +202,7 @@ TEST_CASE("the MPI communicator reports its capabilities", "[comm]") {
   REQUIRE(sub->cuda_aware() == comm.cuda_aware());
 }
 
-TEST_CASE("a NaN timeout is refused when the communicator is created", "[comm]") {
+TEST_CASE("a NaN or negative timeout is refused when the communicator is created", "[comm]") {
   shardopt::CommOptions options;
   options.timeout_seconds = std::numeric_limits<double>::quiet_NaN();
   auto error = shardopt_test::error_of([&] { shardopt::mpi_world(options); });
@@ -212,8 +212,12 @@ TEST_CASE("a NaN timeout is refused when the communicator is created", "[comm]")
   error = shardopt_test::error_of([&] { shardopt::mpi_borrow(&self, options); });
   REQUIRE(error.first == shardopt::ErrorCode::invalid_argument);
   REQUIRE_THAT(error.second, Catch::Contains("mpi_borrow: CommOptions.timeout_seconds is NaN"));
-  // <= 0 still means "no watchdog".
+  // Negative is refused too (it used to mean "no watchdog", silently); 0 means "no watchdog".
   options.timeout_seconds = -1;
+  error = shardopt_test::error_of([&] { shardopt::mpi_borrow(&self, options); });
+  REQUIRE(error.first == shardopt::ErrorCode::invalid_argument);
+  REQUIRE_THAT(error.second, Catch::Contains("mpi_borrow: CommOptions.timeout_seconds is -1, negative"));
+  options.timeout_seconds = 0;
   auto unwatched = shardopt::mpi_borrow(&self, options);
   float x = 2.f;
   unwatched->all_reduce(&x, 1, DType::f32, ReduceOp::sum);

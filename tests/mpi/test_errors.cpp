@@ -153,3 +153,107 @@ TEST_CASE("unknown names and ids are refused", "[errors]") {
   REQUIRE_THROWS_WITH(opt.hyperparams(2), "param group 2 does not exist (there are 1)");
   REQUIRE_THROWS_WITH(ZeroOptimizer(nullptr, OptimizerConfig{}, {}), Catch::Contains("needs a communicator"));
 }
+
+namespace {
+
+// A bucket-view group of parameters with no initial values: any numel registers without memory.
+ParamGroupSpec sized_group(const std::vector<std::pair<std::string, int64_t>>& params) {
+  ParamGroupSpec g;
+  for (const auto& [name, numel] : params) g.params.push_back(ParamSpec{name, TensorRef{nullptr, numel}, TensorRef{}});
+  return g;
+}
+
+// The message rank `failing` raises, as every rank sees it.
+void require_named_on_every_rank(const std::pair<ErrorCode, std::string>& error, ErrorCode code, const char* operation,
+                                 int failing, const std::string& message) {
+  REQUIRE(error.first == code);
+  if (world()->rank() == failing) {
+    REQUIRE_THAT(error.second, Catch::Contains(message));
+  } else {
+    REQUIRE_THAT(error.second, Catch::Contains(std::string(operation) + " failed on rank " + std::to_string(failing) +
+                                               ": " + message));
+  }
+}
+
+constexpr int64_t k2_55 = int64_t{1} << 55;
+// 2^56, the most elements a layout holds: after 8 registered elements, the sum passes it by 8.
+constexpr int64_t k2_56 = int64_t{1} << 56;
+constexpr int64_t k2_62 = int64_t{1} << 62;
+
+}  // namespace
+
+TEST_CASE("a numel beyond what a layout holds is refused by name on every rank", "[errors]") {
+  const int last = world()->size() - 1;
+  // INT64_MAX once registered with a null view and a negative shard; now refused.
+  auto error = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {sized_group({{"w", 8}, {"huge", INT64_MAX}})}); });
+  REQUIRE(error.first == ErrorCode::invalid_argument);
+  REQUIRE_THAT(error.second, Catch::Contains("parameter 'huge' has numel 9223372036854775807, more than the "
+                                             "72057594037927936 (2^56) elements shardopt lays out"));
+  // Four of 2^62 plus one of 16 once wrapped to a 128-byte buffer with 2^62-element views.
+  error = error_of([&] {
+    ZeroOptimizer(world(), OptimizerConfig{}, {sized_group({{"a", k2_62}, {"b", k2_62}, {"c", k2_62}, {"d", k2_62}, {"e", 16}})});
+  });
+  REQUIRE(error.first == ErrorCode::invalid_argument);
+  REQUIRE_THAT(error.second, Catch::Contains("parameter 'a' has numel 4611686018427387904, more than"));
+  // Each within the limit, their sum not.
+  error = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {sized_group({{"a", k2_55}, {"b", k2_55}, {"c", k2_55}})}); });
+  REQUIRE(error.first == ErrorCode::invalid_argument);
+  REQUIRE_THAT(error.second, Catch::Contains("parameter 'c' brings the parameters' elements to 108086391056891904 in "
+                                             "all, more than the 72057594037927936 (2^56)"));
+  // On one rank only: every rank raises that rank's error, none waits for the timeout.
+  const int64_t numel = world()->rank() == last ? INT64_MAX : 8;
+  error = error_of([&] { ZeroOptimizer(world(), OptimizerConfig{}, {sized_group({{"w", numel}})}); });
+  require_named_on_every_rank(error, ErrorCode::invalid_argument, "ZeroOptimizer", last,
+                              "parameter 'w' has numel 9223372036854775807, more than");
+  // add_param_group: the total with the registered parameters, on one rank; nothing changes.
+  ZeroOptimizer opt(world(), OptimizerConfig{}, {sized_group({{"w", 8}})});
+  const int64_t extra = world()->rank() == last ? k2_56 : 4;
+  error = error_of([&] { opt.add_param_group(sized_group({{"extra", extra}})); });
+  require_named_on_every_rank(error, ErrorCode::invalid_argument, "add_param_group", last,
+                              "parameter 'extra' brings the parameters' elements to 72057594037927944 in all");
+  REQUIRE(opt.num_params() == 1);
+  opt.step();  // still usable, and in step on every rank
+}
+
+TEST_CASE("buffers larger than the machine's memory are Error(out_of_memory) on every rank", "[errors]") {
+  // 2^40 f32 elements: 4 TiB of parameters, as much of gradients, twice that of Adam's state.
+  // Once std::bad_alloc escaped from inside the rebuild, on that rank only.
+  const int64_t numel = int64_t{1} << 40;
+  OptimizerConfig config;
+  config.algorithm = Algorithm::adam;
+  auto error = error_of([&] { ZeroOptimizer(world(), config, {sized_group({{"w", numel}})}); });
+  REQUIRE(error.first == ErrorCode::out_of_memory);
+  REQUIRE_THAT(error.second, Catch::Contains("out of memory: allocating the optimizer's buffers on rank "));
+  if (world()->size() == 1) {
+    REQUIRE_THAT(error.second, Catch::Contains("takes 17592186044416 bytes (parameters 4398046511104, gradients "
+                                               "4398046511104, optimizer state 8796093022208), more than this "
+                                               "machine's"));
+  }
+  REQUIRE(std::string(error_code_name(ErrorCode::out_of_memory)) == "out_of_memory");
+  // On one rank only, and through add_param_group.
+  const int last = world()->size() - 1;
+  ZeroOptimizer opt(world(), config, {sized_group({{"w", 8}})});
+  error = error_of([&] { opt.add_param_group(sized_group({{"big", world()->rank() == last ? numel : 8}})); });
+  require_named_on_every_rank(error, ErrorCode::out_of_memory, "add_param_group", last,
+                              "out of memory: allocating the optimizer's buffers on rank " + std::to_string(last));
+  REQUIRE(opt.num_params() == 1);
+  opt.step();
+}
+
+TEST_CASE("clip_grad_norm with a bad max_norm or norm_type on one rank fails on every rank", "[errors]") {
+  Buffers b;
+  ZeroOptimizer opt(world(), OptimizerConfig{}, {b.group({{"w", 12}})});
+  opt.reduce_gradients();
+  const int last = world()->size() - 1;
+  const bool bad = world()->rank() == last;
+  auto error = error_of([&] { opt.clip_grad_norm(bad ? std::numeric_limits<double>::quiet_NaN() : 1.0); });
+  require_named_on_every_rank(error, ErrorCode::invalid_argument, "clip_grad_norm", last,
+                              "clip_grad_norm: max_norm must be a finite number >= 0, got nan");
+  error = error_of([&] { opt.clip_grad_norm(bad ? -1.0 : 1.0); });
+  require_named_on_every_rank(error, ErrorCode::invalid_argument, "clip_grad_norm", last,
+                              "clip_grad_norm: max_norm must be a finite number >= 0, got -1");
+  error = error_of([&] { opt.clip_grad_norm(1.0, bad ? 3.0 : 2.0); });
+  require_named_on_every_rank(error, ErrorCode::invalid_argument, "clip_grad_norm", last,
+                              "clip_grad_norm: norm_type 3 is not supported (2 or inf)");
+  opt.step();  // every rank still in step together
+}

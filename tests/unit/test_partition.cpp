@@ -193,7 +193,39 @@ TEST_CASE("replicated layout: every rank holds everything", "[partition]") {
 
 TEST_CASE("partition rejects nonsense", "[partition]") {
   REQUIRE_THROWS_WITH(shardopt::partition::make_flat_layout(params_of({1}), 0, 16),
-                      Catch::Contains("world size must be >= 1"));
+                      Catch::Contains("world size must be in [1, 16777216], got 0"));
   REQUIRE_THROWS_WITH(shardopt::partition::make_sorted_greedy_layout(params_of({-1}), 2),
-                      Catch::Contains("negative numel"));
+                      Catch::Contains("parameter #0 has numel -1, outside [0, 72057594037927936]"));
+}
+
+TEST_CASE("layouts refuse counts beyond 2^56 elements instead of wrapping", "[partition]") {
+  using shardopt::partition::make_layout;
+  const int64_t limit = shardopt::partition::kMaxElements;
+  auto refused = [](auto&& call) {
+    try {
+      call();
+    } catch (const shardopt::Error& e) {
+      REQUIRE(e.code() == shardopt::ErrorCode::invalid_argument);
+      return std::string(e.what());
+    }
+    FAIL("no shardopt::Error was thrown");
+    return std::string();
+  };
+  for (Strategy s : {Strategy::flat, Strategy::sorted_greedy, Strategy::replicated}) {
+    REQUIRE_THAT(refused([&] { make_layout(s, params_of({8, INT64_MAX}), 2, 16); }),
+                 Catch::Contains("parameter #1 has numel 9223372036854775807, outside [0, 72057594037927936]"));
+    // Four of 2^62 plus 16 summed to 16 in int64: each is refused on its own now.
+    REQUIRE_THAT(refused([&] { make_layout(s, params_of({int64_t{1} << 62, int64_t{1} << 62, 16}), 2, 16); }),
+                 Catch::Contains("parameter #0 has numel 4611686018427387904"));
+    REQUIRE_THAT(refused([&] { make_layout(s, params_of({limit, 1}), 1, 1); }),
+                 Catch::Contains("parameters #0..#1 hold 72057594037927937 elements in all"));
+  }
+  // Padding counts: exactly 2^56 elements fit, padded past it they do not.
+  REQUIRE(make_layout(Strategy::flat, params_of({limit}), 4, 16).buffer_numel == limit);
+  REQUIRE_THAT(refused([&] { make_layout(Strategy::flat, params_of({limit - 1}), 3, 16); }),
+               Catch::Contains("padded to a multiple of 3 ranks x alignment 16, holds 72057594037927968"));
+  REQUIRE_THAT(refused([&] { make_layout(Strategy::flat, params_of({8}), 2, 3); }),
+               Catch::Contains("alignment must be a power of two in [1, 1048576], got 3"));
+  REQUIRE_THAT(refused([&] { make_layout(Strategy::flat, params_of({8}), (1 << 24) + 1, 16); }),
+               Catch::Contains("world size must be in [1, 16777216], got 16777217"));
 }

@@ -1,0 +1,62 @@
+// src/optim/memory_budget.cpp — counting a registration's host buffers, and the check against the machine's memory.
+#include "optim/memory_budget.hpp"
+
+#include <sys/sysinfo.h>
+
+#include <deque>
+
+#include "core/check.hpp"
+#include "core/flat_buffer.hpp"
+#include "optim/shard_state.hpp"
+#include "optim/state_kinds.hpp"
+
+namespace shardopt {
+namespace optim {
+
+MemoryBudget registration_budget(const OptimizerConfig& config, const ParamTable& table, const Registration& added,
+                                 int rank, int world) {
+  std::vector<partition::ParamInfo> infos = table.infos();
+  for (const ParamRecord& r : added.records) infos.push_back({r.numel, r.group, r.trainable});
+  // Checks every count (each within 2^56, as their sum and the padded buffer), so the byte
+  // counts below stay far inside int64.
+  const partition::Layout layout = partition::make_layout(strategy_of(config), infos, world, kShardAlignment);
+  const int64_t all = partition::checked_total_numel(infos, /*frozen_too=*/true);
+  const int64_t shard = layout.shards[static_cast<std::size_t>(rank)].numel;
+  const DType dtype = added.choice.dtype;
+  auto bytes = [](int64_t numel, DType d) { return static_cast<int64_t>(core::FlatBuffer::allocation_bytes(numel, d)); };
+
+  std::deque<Hyperparams> groups = table.groups();
+  groups.insert(groups.end(), added.groups.begin(), added.groups.end());
+  const auto kinds = state_kinds_needed(config.algorithm, dtype, groups);
+  MemoryBudget budget;
+  for (bool needed : kinds) budget.state += needed ? bytes(shard, DType::f32) : 0;
+  const bool stage2 = config.stage == 2;
+  const bool sharded = config.shard_state && world > 1;
+  if (config.storage == Storage::bucket_view) {
+    // The flat parameter buffer with the frozen parameters behind it, and its gradients.
+    budget.params = bytes(layout.buffer_numel + (all - layout.trainable_numel), dtype);
+    budget.grads = stage2 ? 0 : budget.params;
+  } else {
+    budget.params = sharded ? bytes(layout.buffer_numel, dtype) : 0;  // the sync's staging copy
+  }
+  if (stage2) budget.grads += bytes(shard, dtype);  // this rank's reduced shard
+  return budget;
+}
+
+int64_t host_memory_bytes() {
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return 0;
+  const auto unit = static_cast<int64_t>(info.mem_unit);
+  return (static_cast<int64_t>(info.totalram) + static_cast<int64_t>(info.totalswap)) * unit;
+}
+
+void check_budget(const MemoryBudget& budget, int64_t available, int rank) {
+  if (available <= 0) return;
+  SHARDOPT_CHECK(budget.total() <= available, out_of_memory,
+                 "out of memory: allocating the optimizer's buffers on rank {} takes {} bytes (parameters {}, "
+                 "gradients {}, optimizer state {}), more than this machine's {} bytes of memory and swap",
+                 rank, budget.total(), budget.params, budget.grads, budget.state, available);
+}
+
+}  // namespace optim
+}  // namespace shardopt
