@@ -11,6 +11,9 @@ SHARDOPT_DEB_PACKAGES=(
   libopenmpi-dev openmpi-bin
   catch2 libfmt-dev libopenblas-dev nlohmann-json3-dev
 )
+# tests/multihost: namespaces, veth pairs, bridges and netem (ip, tc), a hostname per host
+# (unshare), the kernel's netem module loaded on demand (modprobe).
+SHARDOPT_DEB_PACKAGES+=(iproute2 util-linux kmod)
 
 # Prints, one per line, the packages of "$@" that dpkg does not report as installed.
 shardopt_missing_packages() {

@@ -10,7 +10,7 @@
 #  - ${MH_ID}-h<i>: host i, eth0 198.18.0.<10+i>/24 and lo; its hostname is the namespace's name.
 #  - ${MH_ID}-launch: eth0 198.18.0.2/24, where mpirun runs (as a login node would).
 #  - /etc/netns/<namespace>/hosts: the names of all of them, which `ip netns exec` mounts as
-#    /etc/hosts; and a work directory $MH_WORK (hostfile, marks) under /tmp.
+#    /etc/hosts; and a work directory $MH_WORK (hostfile, marks, rank output) under /tmp.
 # The root namespace's interfaces, routes and /etc/hosts are never touched, and 198.18.0.0/24
 # (set aside for network tests, RFC 2544) exists only inside these namespaces. Everything is
 # removed on exit (normal, error, Ctrl-C, TERM) by mh_cleanup, which also kills every process
@@ -88,7 +88,7 @@ mh_cleanup_stale() {
     if [[ $pid != "$$" ]] && ! kill -0 "$pid" 2>/dev/null; then
       mh_log "removing $ns left by an earlier run (process $pid is gone)"
       mh_remove_ns "$ns"
-      rm -rf "/tmp/${MH_PREFIX}${pid}".*
+      rm -rf "/tmp/${MH_PREFIX}${pid}".* "/tmp/ompi.${MH_PREFIX}${pid}-"*
     fi
   done
 }
@@ -100,7 +100,8 @@ mh_cleanup() {
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
     [[ $ns == "${MH_ID}-"* ]] && mh_remove_ns "$ns"
   done
-  rm -rf "/etc/netns/${MH_ID}-"*
+  # Open MPI's session directories (named after the hostnames) stay behind when it is killed.
+  rm -rf "/etc/netns/${MH_ID}-"* "/tmp/ompi.${MH_ID}-"*
   for pid in "${MH_BG_PIDS[@]}" $MH_RUN_PID; do wait "$pid" 2>/dev/null; done
   MH_BG_PIDS=()
   MH_RUN_PID=""
@@ -155,10 +156,13 @@ mh_port() {
 # "2,2": ranks 0-1 on host 0, 2-3 on host 1; fewer entries than hosts leave the rest unused).
 # Over TCP on the test subnet between hosts, shared memory within one; mpirun runs in the
 # launcher namespace and starts one daemon per host through rsh_agent.sh. Extra mpirun
-# options: the array MH_MPIRUN_OPTIONS. Killed after MH_TIMEOUT seconds (status 124).
+# options: the array MH_MPIRUN_OPTIONS. Killed after MH_TIMEOUT seconds (status 124, or 137
+# when TERM did not end it). Each rank's output is also kept in files (mh_rank_output), written
+# on its host, so even the ranks of a host whose link is cut leave theirs.
 mh_mpirun() {
   local slots=$1 i np=0 hostfile="$MH_WORK/hostfile"
   shift
+  rm -rf "$MH_WORK/output"
   local counts=()
   IFS=, read -r -a counts <<<"$slots"
   : >"$hostfile"
@@ -172,13 +176,19 @@ mh_mpirun() {
       --mca plm rsh --mca plm_rsh_agent "$MH_DIR/rsh_agent.sh" --mca plm_rsh_no_tree_spawn 1 \
       --mca oob_tcp_if_include "$MH_SUBNET" --mca btl_tcp_if_include "$MH_SUBNET" \
       --mca pml ob1 --mca btl "$MH_BTL" --mca btl_vader_single_copy_mechanism none \
-      --mca mpi_yield_when_idle 1 "${MH_MPIRUN_OPTIONS[@]}" "$@" &
+      --mca mpi_yield_when_idle 1 --output-filename "$MH_WORK/output" "${MH_MPIRUN_OPTIONS[@]}" "$@" &
   MH_RUN_PID=$!
   local status=0
-  wait "$MH_RUN_PID" || status=$?
+  # (bash's own "Killed" notice would print the whole command line)
+  wait "$MH_RUN_PID" 2>/dev/null || status=$?
   MH_RUN_PID=""
-  (( status == 124 )) && mh_log "mpirun did not finish within ${MH_TIMEOUT}s and was killed"
+  (( status == 124 || status == 137 )) && mh_log "mpirun did not finish within ${MH_TIMEOUT}s and was killed"
   return "$status"
+}
+
+# What RANK wrote to stdout or stderr ($2, default stderr) in the last mh_mpirun.
+mh_rank_output() {
+  cat "$MH_WORK/output/1/rank.$1/${2:-stderr}" 2>/dev/null
 }
 
 # Waits (up to MH_TIMEOUT s) until the test program reached POINT on RANK (test_marks.hpp)
@@ -236,6 +246,8 @@ mh_netem_available() {
     echo "no 'tc' command (Debian package iproute2)"
     return 1
   fi
+  # The kernel usually loads the module on demand; ask once more where modprobe can.
+  command -v modprobe >/dev/null 2>&1 && modprobe -q sch_netem 2>/dev/null
   if ! out=$(tc -n "$MH_NET_NS" qdisc add dev br0 root netem delay 1ms 2>&1); then
     echo "this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM / module sch_netem): $out"
     return 1

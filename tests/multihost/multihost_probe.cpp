@@ -1,10 +1,11 @@
 // tests/multihost/multihost_probe.cpp — what each rank sees of the hosts it runs on (hostname, MPI_COMM_TYPE_SHARED group, shardopt's node sharing) and a few sharded optimizer steps whose result must not depend on where the ranks run.
 //
-// Usage: multihost_probe [--steps N] [--pause-ms MS] [--ranks-per-node N] [--timeout S]
+// Usage: multihost_probe [--steps N] [--pause-ms MS] [--ranks-per-node N] [--timeout S] [--mpi-only 1]
 // Rank 0 prints one line per rank and a summary line:
 //   hosts=H node_sizes=a,b,... node_ranks=a,b,... shared_param_bytes=a,b,... params_fnv=HEX
 // Exits non-zero when a shared-memory group is not exactly the ranks of one host, or when the
-// ranks end with different parameters. Named points (test_marks.hpp): "init", "step<k>"
+// ranks end with different parameters. --mpi-only 1: MPI alone, no shardopt (the placement
+// only; node_ranks and shared_param_bytes are then 0). Named points (test_marks.hpp): "init", "step<k>"
 // (before step k's gradient reduction, k from 0), "done".
 #include <chrono>
 #include <cinttypes>
@@ -32,6 +33,7 @@ struct Args {
   int pause_ms = 0;  // sleep before each step, so a fault injected from outside lands mid-run
   int ranks_per_node = 0;
   double timeout = 30;
+  bool mpi_only = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -51,6 +53,8 @@ Args parse(int argc, char** argv) {
       args.ranks_per_node = std::atoi(value);
     } else if (option == "--timeout") {
       args.timeout = std::atof(value);
+    } else if (option == "--mpi-only") {
+      args.mpi_only = std::atoi(value) != 0;
     } else {
       std::fprintf(stderr, "multihost_probe: unknown option %s\n", option.c_str());
       std::exit(2);
@@ -177,8 +181,15 @@ int main(int argc, char** argv) {
   CommOptions options;
   options.timeout_seconds = args.timeout;
   options.ranks_per_node = args.ranks_per_node;
-  std::shared_ptr<Communicator> world = mpi_world(options);  // initialises MPI
-  const int rank = world->rank();
+  std::shared_ptr<Communicator> world;
+  if (args.mpi_only) {
+    MPI_Init(&argc, &argv);
+  } else {
+    world = mpi_world(options);  // initialises MPI, and finalises it at exit
+  }
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
   shardopt_multihost::reached("init", rank);
 
   Placement mine;
@@ -192,16 +203,17 @@ int main(int argc, char** argv) {
   MPI_Comm_free(&shared);
 
   try {
-    train(world, args, mine);
+    if (world) train(world, args, mine);
   } catch (const Error& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     return 1;
   }
   shardopt_multihost::reached("done", rank);
 
-  std::vector<Placement> all(static_cast<std::size_t>(world->size()));
+  std::vector<Placement> all(static_cast<std::size_t>(size));
   MPI_Gather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, 0, MPI_COMM_WORLD);
   int ok = rank != 0 || report(all) ? 1 : 0;
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (args.mpi_only) MPI_Finalize();
   return ok ? 0 : 1;
 }
