@@ -82,7 +82,7 @@ mh_remove_ns() {
 # no longer exists (killed with SIGKILL, e.g. by a CTest timeout).
 mh_cleanup_stale() {
   local ns pid
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}') $(ls /etc/netns 2>/dev/null); do
+  for ns in $( (ip netns list 2>/dev/null | awk '{print $1}'; ls /etc/netns 2>/dev/null) | sort -u); do
     [[ $ns =~ ^${MH_PREFIX}([0-9]+)- ]] || continue
     pid=${BASH_REMATCH[1]}
     if [[ $pid != "$$" ]] && ! kill -0 "$pid" 2>/dev/null; then
@@ -96,6 +96,8 @@ mh_cleanup_stale() {
 # Everything this run made, and every process in it; safe to call twice.
 mh_cleanup() {
   local pid ns
+  # A second signal (timeout and Ctrl-C signal the whole process group) must not cut it short.
+  trap '' INT TERM HUP
   for pid in "${MH_BG_PIDS[@]}" $MH_RUN_PID; do kill -TERM "$pid" 2>/dev/null; done
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
     [[ $ns == "${MH_ID}-"* ]] && mh_remove_ns "$ns"
@@ -126,6 +128,7 @@ mh_setup_hosts() {
   trap mh_cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  trap 'exit 129' HUP
   MH_WORK=$(mktemp -d "/tmp/${MH_ID}.XXXXXX") || return 1
   mkdir -p "$MH_WORK/marks"
   export SHARDOPT_TEST_MARK_DIR="$MH_WORK/marks"
@@ -172,7 +175,7 @@ mh_mpirun() {
   done
   timeout -k 10 "$MH_TIMEOUT" \
     ip netns exec "$MH_LAUNCH_NS" unshare --uts sh -c 'hostname "$1" && shift && exec "$@"' sh "$MH_LAUNCH_NS" \
-    mpirun --allow-run-as-root -np "$np" --hostfile "$hostfile" --bind-to none \
+    mpirun --allow-run-as-root -np "$np" --hostfile "$hostfile" --bind-to none --leave-session-attached \
       --mca plm rsh --mca plm_rsh_agent "$MH_DIR/rsh_agent.sh" --mca plm_rsh_no_tree_spawn 1 \
       --mca oob_tcp_if_include "$MH_SUBNET" --mca btl_tcp_if_include "$MH_SUBNET" \
       --mca pml ob1 --mca btl "$MH_BTL" --mca btl_vader_single_copy_mechanism none \
