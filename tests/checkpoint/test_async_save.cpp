@@ -146,8 +146,9 @@ std::vector<Case> cases() {
   OptimizerConfig replicated;
   replicated.shard_state = false;
   out.push_back({"replicated adam", replicated, DType::f32, true, shardopt_test::kSizes});
-  // bf16 values are widened in 2^20-element chunks: a shard of more than two chunks per rank.
-  const int64_t big = (int64_t{2} << 20) * world()->size() + 37;
+  // bf16 values are widened in 2^20-element chunks: every rank's segment of the big param
+  // spans more than one.
+  const int64_t big = (int64_t{1} << 20) * world()->size() + 4099;
   out.push_back({"adam bf16, chunked widening", OptimizerConfig{}, DType::bf16, false, {5, big, 17, 3}});
   return out;
 }
