@@ -26,7 +26,13 @@ const char* point_name(WritePoint point) {
 // The crash-safety tests' hook: with SHARDOPT_TEST_PAUSE_ASYNC_SAVE="<point>:<prefix>", the
 // writer that reaches <point> writes its process id to the file <prefix>.<rank> and sleeps (up
 // to a minute) so that the test can kill the process there.
+// A slow filesystem, for the tests that check that steps wait for the writer: with
+// SHARDOPT_TEST_SLOW_ASYNC_SAVE_MS=<ms> the writer sleeps that long with half its file written.
 void pause_for_test(WritePoint point, int rank) {
+  const char* slow = std::getenv("SHARDOPT_TEST_SLOW_ASYNC_SAVE_MS");
+  if (slow != nullptr && point == WritePoint::kHalfWritten) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(slow)));
+  }
   const char* value = std::getenv("SHARDOPT_TEST_PAUSE_ASYNC_SAVE");
   if (value == nullptr) return;
   const std::string spec = value;

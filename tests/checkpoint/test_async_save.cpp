@@ -182,8 +182,12 @@ TEST_CASE("save_async while steps go on writes what save writes at that step, an
     auto async = make(k.config, async_model, k.sizes, k.freeze);
     train(*async, 0, 3);
     const std::string at_save = param_bytes(*async);
+    // A slow filesystem: the writer stops for a while with half of its file written, so steps
+    // that did not wait for it would change what it has yet to write.
+    ::setenv("SHARDOPT_TEST_SLOW_ASYNC_SAVE_MS", "200", 1);
     async->save_async(dir + "/async");
     train(*async, 3, 7);  // steps (and an LR change) while the save is pending
+    ::unsetenv("SHARDOPT_TEST_SLOW_ASYNC_SAVE_MS");
     REQUIRE(param_bytes(*async) != at_save);
     // Before wait_save nothing is committed: the directory has no manifest yet.
     REQUIRE_FALSE(fs::exists(dir + "/async/manifest.json"));
