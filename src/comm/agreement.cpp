@@ -56,7 +56,17 @@ struct FieldText {
 
 constexpr uint64_t kNoDifference = UINT64_MAX;
 
-std::string call_name(const Wire& w) { return text_of(w.operation) + "()"; }
+// A record whose call name does not hash to its operation hash was not written by agree(): the
+// peer is in another collective on this communicator (say a barrier called on it directly)
+// and MPI matched that collective's traffic with ours.
+std::string call_name(const Wire& w) {
+  const std::string name = text_of(w.operation);
+  if (name.empty() || fnv1a(name) != w.operation_hash) {
+    return "another collective (it sent no agreement record: a collective called on the "
+           "communicator directly, or one of a different shardopt object)";
+  }
+  return name + "()";
+}
 
 // Rounds 2 and 3: names the first field where the lowest differing rank differs from rank 0.
 [[noreturn]] void raise_field_mismatch(Communicator& comm, const AgreementRecord& mine,

@@ -38,6 +38,16 @@ checkpoint::OptimizerParts parts_of(ZeroOptimizer::Impl& im) {
   return checkpoint::OptimizerParts{im.config, im.dev, im.table, im.shard, im.step};
 }
 
+// Each collective call's body is a function-try-block ending in this: a comm or timeout error
+// from inside it (a collective that a dead, stuck or diverged peer failed, in the agreement or
+// later) is raised again with the call's name first, so it says which optimizer call was cut
+// short and not only which collective. Other errors pass unchanged.
+[[noreturn]] void raise_within(const char* operation, const Error& e) {
+  const std::string what = e.what();
+  if ((e.code() != ErrorCode::comm && e.code() != ErrorCode::timeout) || what.rfind(operation, 0) == 0) throw e;
+  raise(e.code(), "{}: {}", operation, what);
+}
+
 std::vector<comm::Payload> agree(ZeroOptimizer::Impl& im, const AgreementRecord& record) {
   return comm::agree(im.dev.host_comm(), record);
 }
@@ -114,13 +124,15 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
-int ZeroOptimizer::add_param_group(ParamGroupSpec group) {
+int ZeroOptimizer::add_param_group(ParamGroupSpec group) try {
   AgreementRecord record("add_param_group");
   register_groups(*impl_, {std::move(group)}, record);
   return impl_->table.num_groups() - 1;
+} catch (const Error& e) {
+  raise_within("add_param_group", e);
 }
 
-void ZeroOptimizer::set_trainable(ParamId id, bool trainable) {
+void ZeroOptimizer::set_trainable(ParamId id, bool trainable) try {
   Impl& im = *impl_;
   im.async_save.wait_for_sources();  // the layout is rebuilt below
   AgreementRecord record("set_trainable");
@@ -140,6 +152,8 @@ void ZeroOptimizer::set_trainable(ParamId id, bool trainable) {
   p.has_momentum_buffer = false;
   im.shard.rebuild();
   im.reducer.reset();
+} catch (const Error& e) {
+  raise_within("set_trainable", e);
 }
 
 bool ZeroOptimizer::trainable(ParamId id) const { return impl_->table.param(id).trainable; }
@@ -194,7 +208,7 @@ void ZeroOptimizer::zero_grad() {
 
 void* ZeroOptimizer::cuda_stream() const { return impl_->dev.stream(); }
 
-void ZeroOptimizer::reduce_gradients() {
+void ZeroOptimizer::reduce_gradients() try {
   Impl& im = *impl_;
   agree(im, AgreementRecord("reduce_gradients"));
   const uint64_t order = im.reducer.reduce_all();
@@ -204,11 +218,13 @@ void ZeroOptimizer::reduce_gradients() {
   AgreementRecord handed("reduce_gradients");
   handed.field("gradient hand-over order", fmt::format("the reduce_gradient() calls hashing to {:#018x}", order));
   agree(im, handed);
+} catch (const Error& e) {
+  raise_within("reduce_gradients", e);
 }
 
 void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) { impl_->reducer.hand(id, grad); }
 
-double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) {
+double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) try {
   Impl& im = *impl_;
   const bool inf_norm = std::isinf(norm_type) && norm_type > 0;
   AgreementRecord record("clip_grad_norm");
@@ -233,6 +249,8 @@ double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) {
     parts.push_back(kernels::GradStats{comm::bits_double(payloads[r][0]), payloads[r][1] != 0});
   }
   return im.step.arm_clip(max_norm, inf_norm, parts);
+} catch (const Error& e) {
+  raise_within("clip_grad_norm", e);
 }
 
 double ZeroOptimizer::loss_scale() const { return impl_->step.loss_scale(); }
@@ -247,7 +265,7 @@ void ZeroOptimizer::set_loss_scale(double scale) {
 
 const StepReport& ZeroOptimizer::last_step() const { return impl_->step.report(); }
 
-void ZeroOptimizer::step() {
+void ZeroOptimizer::step() try {
   Impl& im = *impl_;
   // A background save may still be reading the values this step changes (async_save.hpp).
   im.async_save.wait_for_sources();
@@ -262,6 +280,8 @@ void ZeroOptimizer::step() {
   bool any_nonfinite = false;
   for (const comm::Payload& p : agree(im, record)) any_nonfinite = any_nonfinite || p[0] != 0;
   im.step.run(any_nonfinite, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+} catch (const Error& e) {
+  raise_within("step", e);
 }
 
 double ZeroOptimizer::step(const std::function<double()>& closure) {
@@ -293,14 +313,16 @@ MemoryReport ZeroOptimizer::memory_report() const {
 
 // ---- checkpoints: the agreement here, the file and state work in src/checkpoint ----
 
-void ZeroOptimizer::save(const std::string& dir) {
+void ZeroOptimizer::save(const std::string& dir) try {
   Impl& im = *impl_;
   complete_pending_save(im);
   agree(im, checkpoint_call(im, "save"));
   checkpoint::save_checkpoint(parts_of(im), dir);
+} catch (const Error& e) {
+  raise_within("save", e);
 }
 
-void ZeroOptimizer::save_async(const std::string& dir) {
+void ZeroOptimizer::save_async(const std::string& dir) try {
   Impl& im = *impl_;
   complete_pending_save(im);
   agree(im, checkpoint_call(im, "save_async"));
@@ -308,20 +330,28 @@ void ZeroOptimizer::save_async(const std::string& dir) {
   // The writer runs beside the caller's threads: one thread to widen bf16/f16 values.
   ticket.widen_threads = 1;
   im.async_save.start(std::move(ticket));
+} catch (const Error& e) {
+  raise_within("save_async", e);
 }
 
-void ZeroOptimizer::wait_save() { complete_pending_save(*impl_); }
+void ZeroOptimizer::wait_save() try {
+  complete_pending_save(*impl_);
+} catch (const Error& e) {
+  raise_within("wait_save", e);
+}
 
-void ZeroOptimizer::load(const std::string& dir) {
+void ZeroOptimizer::load(const std::string& dir) try {
   Impl& im = *impl_;
   complete_pending_save(im);
   agree(im, checkpoint_call(im, "load"));
   checkpoint::load_checkpoint(parts_of(im), dir);
   im.reducer.reset();
   im.sync.sync();
+} catch (const Error& e) {
+  raise_within("load", e);
 }
 
-void ZeroOptimizer::consolidate_state_dict(int to) {
+void ZeroOptimizer::consolidate_state_dict(int to) try {
   Impl& im = *impl_;
   AgreementRecord record("consolidate_state_dict");
   record.field("target rank", fmt::format("{}", to));
@@ -334,6 +364,8 @@ void ZeroOptimizer::consolidate_state_dict(int to) {
   std::optional<StateDict> dict = checkpoint::gather_state_dict(parts_of(im), to);
   // Only the target rank keeps the gathered state; the others drop any earlier one.
   im.consolidated = std::move(dict);
+} catch (const Error& e) {
+  raise_within("consolidate_state_dict", e);
 }
 
 StateDict ZeroOptimizer::state_dict() const {
@@ -346,7 +378,7 @@ StateDict ZeroOptimizer::state_dict() const {
   return dict;
 }
 
-void ZeroOptimizer::load_state_dict(const StateDict& state) {
+void ZeroOptimizer::load_state_dict(const StateDict& state) try {
   Impl& im = *impl_;
   im.async_save.wait_for_sources();  // the state is replaced below
   AgreementRecord record = checkpoint_call(im, "load_state_dict");
@@ -360,6 +392,8 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) {
   }
   agree(im, record);
   checkpoint::install_state_dict(parts_of(im), state);
+} catch (const Error& e) {
+  raise_within("load_state_dict", e);
 }
 
 ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer) { return *optimizer.impl_; }

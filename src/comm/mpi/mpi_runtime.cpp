@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <cstring>
 #include <mutex>
 
 #include "core/check.hpp"
@@ -39,6 +40,21 @@ std::shared_ptr<MpiRuntime> shared_mpi_runtime() {
     runtime = std::make_shared<MpiRuntime>();
   }
   return runtime;
+}
+
+WorldErrorsReturn::WorldErrorsReturn() : saved_(nullptr) {
+  static_assert(sizeof(MPI_Errhandler) <= sizeof(void*), "MPI_Errhandler must fit a pointer");
+  MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &saved);
+  std::memcpy(&saved_, &saved, sizeof(saved));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+WorldErrorsReturn::~WorldErrorsReturn() {
+  MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
+  std::memcpy(&saved, &saved_, sizeof(saved));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, saved);
+  MPI_Errhandler_free(&saved);  // the reference MPI_Comm_get_errhandler returned
 }
 
 std::string mpi_error_string(int code) {

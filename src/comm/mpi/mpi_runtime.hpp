@@ -25,6 +25,22 @@ class MpiRuntime {
 // at process exit if shardopt initialised it. Error(comm) if MPI was already finalised.
 std::shared_ptr<MpiRuntime> shared_mpi_runtime();
 
+// While alive, MPI_COMM_WORLD's error handler is MPI_ERRORS_RETURN; the caller's handler is
+// restored after. Open MPI invokes MPI_COMM_WORLD's handler (fatal by default: the whole job
+// aborts) for errors of nonblocking collectives found by MPI_Test, whatever communicator they
+// ran on, so shardopt's MPI calls run under this guard and turn such errors into Errors. The
+// guard is local (no communication) and cheap: two handler swaps per wait.
+class WorldErrorsReturn {
+ public:
+  WorldErrorsReturn();
+  ~WorldErrorsReturn();
+  WorldErrorsReturn(const WorldErrorsReturn&) = delete;
+  WorldErrorsReturn& operator=(const WorldErrorsReturn&) = delete;
+
+ private:
+  void* saved_;  // the caller's MPI_Errhandler (kept opaque: this header does not include mpi.h)
+};
+
 // MPI's text for an error code.
 std::string mpi_error_string(int code);
 

@@ -18,6 +18,7 @@ MpiCommState::MpiCommState(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  check(peers_.gather(comm_, rank_), "MPI_Allgather of the ranks' hosts");
 }
 
 MpiCommState::~MpiCommState() {
@@ -25,6 +26,7 @@ MpiCommState::~MpiCommState() {
   MPI_Finalized(&finalized);
   if (finalized || comm_ == MPI_COMM_NULL) return;
   bool still_live = false;
+  const WorldErrorsReturn errors_return;
   for (MPI_Request& request : live_requests_) {
     int done = 0;
     if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) still_live = true;
@@ -34,47 +36,72 @@ MpiCommState::~MpiCommState() {
   if (!still_live) MPI_Comm_free(&comm_);
 }
 
-void MpiCommState::check(int code, const char* call) const {
-  if (code != MPI_SUCCESS) {
-    raise(ErrorCode::comm, "{} failed on rank {} of {}: {}", call, rank_, size_,
-          mpi_error_string(code));
-  }
+void MpiCommState::check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  unusable_ = fmt::format("{} failed on rank {} of {}: {}", call, rank_, size_,
+                          mpi_error_string(code));
+  unusable_code_ = ErrorCode::comm;
+  raise(ErrorCode::comm, "{}; the communicator is now unusable", unusable_);
 }
 
 void MpiCommState::check_usable(const char* op) const {
-  SHARDOPT_CHECK(timed_out_.empty(), timeout,
-                 "{} on rank {} of {} refused: this MPI communicator is unusable since an earlier "
-                 "collective timed out ({}); that collective's request is still live in MPI, so "
-                 "create a new communicator",
-                 op, rank_, size_, timed_out_);
+  if (unusable_.empty()) return;
+  raise(unusable_code_,
+        "{} on rank {} of {} refused: this MPI communicator is unusable since an earlier "
+        "collective {} ({}); that collective's request may still be live in MPI, so create a new "
+        "communicator",
+        op, rank_, size_, unusable_code_ == ErrorCode::timeout ? "timed out" : "failed",
+        unusable_);
 }
 
 void MpiCommState::wait(MPI_Request& request, const char* op) {
   if (request == MPI_REQUEST_NULL) return;
   const Deadline deadline(options_.timeout_seconds);
   int code = MPI_SUCCESS;
-  const bool done = poll_until(deadline, [&] {
-    int flag = 0;
-    code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-    return flag != 0 || code != MPI_SUCCESS;
-  });
-  check(code, "MPI_Test");
+  bool done = false;
+  {
+    const WorldErrorsReturn errors_return;
+    done = poll_until(deadline, [&] {
+      int flag = 0;
+      code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+      return flag != 0 || code != MPI_SUCCESS;
+    });
+  }
+  const std::string missing = peers_.describe_missing();
+  if (code != MPI_SUCCESS) {
+    keep_live(request);
+    request = MPI_REQUEST_NULL;
+    unusable_ = fmt::format("{} on rank {} of {} failed in MPI: {}{}", op, rank_, size_,
+                            mpi_error_string(code), missing);
+    unusable_code_ = ErrorCode::comm;
+    raise(ErrorCode::comm, "{}. {}; the communicator is now unusable", unusable_,
+          missing.empty() ? "The ranks issued different collectives (a peer is in another "
+                            "shardopt call or called the communicator directly), or a peer died "
+                            "or its link failed"
+                          : "A peer died");
+  }
   if (done) return;
-  timed_out_ = fmt::format("{} on rank {} of {} did not complete within {:g} s", op, rank_, size_,
-                           deadline.seconds());
+  unusable_ = fmt::format("{} on rank {} of {} did not complete within {:g} s{}", op, rank_,
+                          size_, deadline.seconds(), missing);
+  unusable_code_ = ErrorCode::timeout;
   live_requests_.push_back(request);
   request = MPI_REQUEST_NULL;
   raise(ErrorCode::timeout,
-        "{}: a peer is dead, stuck, or issued a different collective; the communicator is now "
-        "unusable (MPI cannot cancel the collective, so its buffers may still be written if the "
-        "peer arrives late)",
-        timed_out_);
+        "{}. {}; the communicator is now unusable (MPI cannot cancel the collective, so its "
+        "buffers may still be written if the peer arrives late)",
+        unusable_,
+        missing.empty() ? "A peer is dead, stuck, or issued a different collective" : "A peer died");
 }
 
 void MpiCommState::keep_live(MPI_Request request) {
   if (request == MPI_REQUEST_NULL) return;
   int done = 0;
-  if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return;
+  int code = MPI_SUCCESS;
+  {
+    const WorldErrorsReturn errors_return;
+    code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+  }
+  if (code == MPI_SUCCESS && done) return;
   live_requests_.push_back(request);
 }
 

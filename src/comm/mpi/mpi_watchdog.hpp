@@ -1,11 +1,17 @@
-// src/comm/mpi/mpi_watchdog.hpp — what an MPI communicator shares with its pending collectives: the bounded wait, and the poisoning after a timeout.
+// src/comm/mpi/mpi_watchdog.hpp — what an MPI communicator shares with its pending collectives: the bounded wait, and the poisoning after a timeout or an MPI error.
 //
 // A collective that does not complete within CommOptions.timeout_seconds raises Error(timeout)
-// and poisons its communicator. MPI forbids MPI_Cancel and MPI_Request_free on nonblocking
-// collectives, so the timed-out request stays live: MPI may still read and write its buffers
-// if the missing peer arrives late. The state keeps that request, and every later call on the
-// communicator or on any of its pending handles raises Error(timeout) at once, naming the
-// operation that timed out, instead of issuing collectives that can no longer match the peers'.
+// and poisons its communicator; one that MPI fails (ranks that issued different collectives
+// get MPI_ERR_TRUNCATE, a dead peer a transport error) raises Error(comm) and poisons it too.
+// MPI forbids MPI_Cancel and MPI_Request_free on nonblocking collectives, so the request stays
+// live: MPI may still read and write its buffers if the peer arrives late. The state keeps that
+// request, and every later call on the communicator or on any of its pending handles raises
+// the same kind of error at once, naming what failed, instead of issuing collectives that can
+// no longer match the peers'.
+//
+// Open MPI reports a failed nonblocking collective from MPI_Test on MPI_COMM_WORLD, whose
+// handler is fatal by default, not on the communicator the collective ran on: every MPI call
+// that completes or starts shardopt's collectives therefore runs under WorldErrorsReturn.
 #pragma once
 
 #include <mpi.h>
@@ -16,7 +22,9 @@
 #include <vector>
 
 #include "comm/mpi/mpi_runtime.hpp"
+#include "comm/mpi/peer_liveness.hpp"
 #include "shardopt/communicator.hpp"
+#include "shardopt/error.hpp"
 
 namespace shardopt {
 namespace comm {
@@ -26,7 +34,8 @@ namespace comm {
 // (shardopt initialises MPI with MPI_THREAD_FUNNELED), so there is no lock.
 class MpiCommState {
  public:
-  // Duplicates `parent` (collective over it) and makes MPI return errors instead of aborting.
+  // Duplicates `parent` (collective over it), makes MPI return errors instead of aborting, and
+  // gathers where every rank runs (PeerDirectory).
   MpiCommState(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent, const CommOptions& options);
   ~MpiCommState();
   MpiCommState(const MpiCommState&) = delete;
@@ -38,12 +47,15 @@ class MpiCommState {
   const CommOptions& options() const { return options_; }
   const std::shared_ptr<MpiRuntime>& runtime() const { return runtime_; }
 
-  // Error(comm) naming `call`, the rank and MPI's text unless `code` is MPI_SUCCESS.
-  void check(int code, const char* call) const;
-  // Error(timeout) when an earlier collective timed out, naming it; `op` is the refused call.
+  // Unless `code` is MPI_SUCCESS: poisons this state and raises Error(comm) naming `call`, the
+  // rank and MPI's text.
+  void check(int code, const char* call);
+  // Error(timeout) or Error(comm) when an earlier collective timed out or failed, naming it;
+  // `op` is the refused call.
   void check_usable(const char* op) const;
-  // Polls `request` until it completes (it becomes MPI_REQUEST_NULL) or the timeout passes;
-  // then poisons this state, keeps the request and raises Error(timeout) naming `op`.
+  // Polls `request` until it completes (it becomes MPI_REQUEST_NULL), MPI fails it, or the
+  // timeout passes; in the last two cases poisons this state, keeps the request and raises
+  // Error(comm) or Error(timeout) naming `op`.
   void wait(MPI_Request& request, const char* op);
   // Keeps a request that nobody will wait for (a dropped or refused handle) unless it has
   // completed already: it may not be freed, and its communicator must outlive it.
@@ -55,8 +67,12 @@ class MpiCommState {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  std::string timed_out_;                // what timed out, in words; empty while usable
+  // What made the communicator unusable, in words, and the error code later calls get; empty
+  // while usable.
+  std::string unusable_;
+  ErrorCode unusable_code_ = ErrorCode::comm;
   std::vector<MPI_Request> live_requests_;
+  PeerDirectory peers_;  // to name the peers of this host that died, in failure messages
 };
 
 // A collective started by a nonblocking MPI call.
