@@ -1,6 +1,6 @@
 // bench/src/main.cpp — shardopt-bench: nccl-tests-style sweeps of shardopt's collectives, and the full optimizer step timed against a memory roofline measured in the same run.
 //
-// Run under mpirun. Two modes:
+// Run under mpirun. Three modes:
 //
 //  collectives  One table per collective (all_gather, broadcast, reduce_scatter, all_reduce)
 //               over a size sweep, with nccl-tests' columns: size, count, time, algbw, busbw,
@@ -19,15 +19,20 @@
 //               holds the same parameters as every other rank and as a single-rank reference
 //               optimizer that took the same steps.
 //
+//  checkpoint   The step time a checkpoint costs: rounds of steps with no save, with a
+//               blocking save() and with save_async() + wait_save(), each call timed on its
+//               slowest rank (checkpoint_cost.hpp).
+//
 // One job per file beside this one: options (flags), support.hpp (timing and MPI helpers),
 // collectives (the sweep), model (the model and its synthetic values), cache (the last-level
 // cache), stream (bandwidths), roofline (bytes the step must move, the verdict), verify (the
-// self-check), step (the step mode).
+// self-check), step (the step mode), checkpoint_cost (the checkpoint mode).
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <stdexcept>
 
+#include "checkpoint_cost.hpp"
 #include "collectives.hpp"
 #include "options.hpp"
 #include "step.hpp"
@@ -59,8 +64,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    return options.mode == BenchMode::collectives ? shardopt_bench::run_collectives(*comm, options)
-                                                   : shardopt_bench::run_step(comm, options);
+    switch (options.mode) {
+      case BenchMode::collectives: return shardopt_bench::run_collectives(*comm, options);
+      case BenchMode::step: return shardopt_bench::run_step(comm, options);
+      case BenchMode::checkpoint: return shardopt_bench::run_checkpoint_cost(comm, options);
+    }
+    return 2;
   } catch (const std::invalid_argument& e) {
     if (leader) std::fprintf(stderr, "shardopt-bench: error: %s\n", e.what());
     return 2;

@@ -10,7 +10,7 @@
 namespace shardopt_bench {
 
 const char* const usage_text =
-    "usage: mpirun -np N shardopt-bench [--mode collectives|step] [options]\n"
+    "usage: mpirun -np N shardopt-bench [--mode collectives|step|checkpoint] [options]\n"
     "\n"
     "Sweep options (nccl-tests' names; sizes take K/M/G suffixes, powers of 1024):\n"
     "  -b, --minbytes SIZE       smallest collective size (default 1K)\n"
@@ -58,6 +58,11 @@ const char* const usage_text =
     "                            the rest), medians over the same timed steps, and time\n"
     "                            reduce_gradients() on its own\n"
     "\n"
+    "Checkpoint options (--mode checkpoint: the step options pick the model; -n rounds):\n"
+    "  --ckpt-dir DIR            where every rank saves, shared by the ranks\n"
+    "                            (default shardopt-bench-ckpt)\n"
+    "  --save-every N            steps per round: no save, save(), save_async() (default 5)\n"
+    "\n"
     "Output (rank 0): collectives print a table per op and '# Wrong values total : N OK|FAILED';\n"
     "step prints one line of key=value pairs (inputs such as dtype=... stage=..., memory such\n"
     "as state_bytes_per_rank (optimizer state), master_bytes_per_rank (fp32 masters) and\n"
@@ -65,6 +70,8 @@ const char* const usage_text =
     "achieved_gbps=... roofline_fraction=F roofline_status=S wrong=N. A fraction above 1.05\n"
     "of a DRAM-bound step is a measurement error, printed as such (S=measurement_error); a\n"
     "step whose data fit in the last-level cache is not judged (S=cache_resident).\n"
+    "checkpoint prints one line: the median plain step, each kind of save's calls, and each\n"
+    "kind's visible cost per round (its time beyond the plain steps) and their ratio.\n"
     "Exit status: 0 OK, 1 when anything was wrong, 2 for a bad option, 3 when the results\n"
     "were right but the roofline measurement was not (S=measurement_error).\n";
 
@@ -167,11 +174,12 @@ Options parse_options(int argc, char** argv) {
       // (sharded|replicated, which imply step).
       if (flag == "--mode" && value == "collectives") o.mode = BenchMode::collectives;
       else if (flag == "--mode" && value == "step") o.mode = BenchMode::step;
+      else if (flag == "--mode" && value == "checkpoint") o.mode = BenchMode::checkpoint;
       else if (value == "sharded" || value == "replicated") {
         o.mode = BenchMode::step;
         o.sharded = value == "sharded";
       } else {
-        bad_usage(flag + " expects collectives, step, sharded or replicated, got '" + value + "'");
+        bad_usage(flag + " expects collectives, step, checkpoint, sharded or replicated, got '" + value + "'");
       }
     } else if (flag == "--params") o.params = parse_size(flag, value);
     else if (flag == "--tensors") o.tensors = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
@@ -201,6 +209,8 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--threads") o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
     else if (flag == "--bucket-bytes") o.bucket_bytes = std::max<int64_t>(1, parse_size(flag, value));
     else if (flag == "--pipeline-chunk-bytes") o.pipeline_chunk_bytes = parse_size(flag, value);
+    else if (flag == "--ckpt-dir") o.ckpt_dir = value;
+    else if (flag == "--save-every") o.save_every = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
     else if (flag == "--stream-mb") o.stream_mb = parse_int(flag, value, 1, int64_t{1} << 20);
     else bad_usage("unknown option '" + flag + "'");
   }

@@ -18,7 +18,7 @@ using shardopt::Storage;
 // --help, and after an error in the flags.
 extern const char* const usage_text;
 
-enum class BenchMode { collectives, step };
+enum class BenchMode { collectives, step, checkpoint };
 enum class CollectiveOp { all_gather, broadcast, reduce_scatter, all_reduce };
 
 struct Options {
@@ -52,6 +52,9 @@ struct Options {
   bool sharded = true;
   int64_t stream_mb = 0;  // 0: automatic
   bool breakdown = false;
+  // Checkpoint: the directory every rank saves into (shared by the ranks), steps per round.
+  std::string ckpt_dir = "shardopt-bench-ckpt";
+  int save_every = 5;
   bool help = false;
 };
 

@@ -177,11 +177,12 @@ struct StepReport {
 };
 
 // Every collective call (the constructor, add_param_group, set_trainable, reduce_gradients,
-// clip_grad_norm, step, save, load, consolidate_state_dict, load_state_dict) starts with one
-// small agreement among the ranks: ranks in different calls, with different arguments or
-// hyperparameters, or with an invalid value on any one of them all raise the same Error on
-// every rank (mismatch, naming the operation or field, the values and the ranks; or the
-// invalid value's own error) instead of hanging or diverging. Getters never communicate.
+// clip_grad_norm, step, save, save_async, wait_save with a save pending, load,
+// consolidate_state_dict, load_state_dict) starts with one small agreement among the ranks:
+// ranks in different calls, with different arguments or hyperparameters, or with an invalid
+// value on any one of them all raise the same Error on every rank (mismatch, naming the
+// operation or field, the values and the ranks; or the invalid value's own error) instead of
+// hanging or diverging. Getters never communicate.
 class SHARDOPT_API ZeroOptimizer {
  public:
   // Collective over `comm`: every rank must pass the same config and register the same params
@@ -263,6 +264,22 @@ class SHARDOPT_API ZeroOptimizer {
   // writes manifest.json last, atomically: a save that fails or crashes midway leaves the
   // previous checkpoint in `dir` loadable; files of older saves are removed afterwards.
   void save(const std::string& dir);
+  // Collective: the same checkpoint as save(dir) at this point of training, written while
+  // training goes on. This rank's shard file is written by a background thread straight from
+  // the optimizer's buffers (no copy of the state is made; bf16/f16 values pass through a 4 MiB
+  // chunk); step(), load_state_dict(), set_trainable(), add_param_group() and the averagers
+  // first wait until the writer has read them (handed to the OS, not yet on disk). Do not write
+  // parameter values yourself (param_view, external buffers) before the next step() returns.
+  // The checkpoint is committed (rank 0's manifest) only by wait_save(); until then the
+  // previous checkpoint in `dir` is the one a load finds, and a crash or kill at any point
+  // leaves it intact. save_async, save and load first complete a pending background save as
+  // wait_save() does; destroying the optimizer with one pending abandons it (no manifest).
+  void save_async(const std::string& dir);
+  // Collective: waits for the pending save_async (none: returns at once), then the ranks agree
+  // on their files and rank 0 proves and commits the checkpoint, as save() does. A failure on
+  // any rank (an unwritable file, a full disk) raises the same Error as save() on every rank,
+  // the previous checkpoint intact; the save is no longer pending either way.
+  void wait_save();
   // Collective. Validates the checkpoint (format version, same params and groups as
   // registered, every file present with its size and checksum) before changing anything,
   // raising the same Error on every rank; then restores state, steps, hyperparameters,

@@ -489,6 +489,16 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_memory_report(shardopt_optimiz
 /* Collective: each rank writes its shard into `dir` (created if needed), rank 0 the manifest
  * last, atomically; a failed save leaves the previous checkpoint in `dir` loadable. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_save(shardopt_optimizer_t opt, const char* dir);
+/* Collective: the checkpoint save(dir) would write now, written by a background thread while
+ * training goes on (ZeroOptimizer::save_async). Steps first wait until the writer has read the
+ * state; the checkpoint is committed only by shardopt_optimizer_wait_save (or the next save,
+ * save_async or load, which complete a pending one first); until then, and after any crash,
+ * the previous checkpoint in `dir` is the one a load finds. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_save_async(shardopt_optimizer_t opt, const char* dir);
+/* Collective: completes the pending save_async (none: returns at once): the ranks agree on
+ * their files and rank 0 commits the manifest; a failure on any rank fails on every rank with
+ * save's message, the previous checkpoint intact. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_save(shardopt_optimizer_t opt);
 /* Collective: validates the checkpoint in `dir` before changing anything, then restores state,
  * steps, hyperparameters, trainable flags and parameter values (resharding as needed). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_load(shardopt_optimizer_t opt, const char* dir);

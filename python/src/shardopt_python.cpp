@@ -282,6 +282,12 @@ NB_MODULE(_shardopt, m) {
       .def("memory_report", [](const Opt& s) { return s.opt->memory_report(); })
       .def("save", [](Opt& s, const std::string& dir) { s.opt->save(dir); }, "dir"_a,
            nb::call_guard<nb::gil_scoped_release>(), "Collective: a sharded checkpoint in dir.")
+      .def("save_async", [](Opt& s, const std::string& dir) { s.opt->save_async(dir); }, "dir"_a,
+           nb::call_guard<nb::gil_scoped_release>(),
+           "Collective: the checkpoint save(dir) would write now, written in the background while training goes "
+           "on; committed by wait_save() (or the next save, save_async or load).")
+      .def("wait_save", [](Opt& s) { s.opt->wait_save(); }, nb::call_guard<nb::gil_scoped_release>(),
+           "Collective: completes the pending save_async, raising its error on every rank if any rank failed.")
       .def("load", [](Opt& s, const std::string& dir) { s.opt->load(dir); }, "dir"_a,
            nb::call_guard<nb::gil_scoped_release>(), "Collective: restores from dir, resharding as needed.")
       .def("consolidate_state_dict", [](Opt& s, int to) { s.opt->consolidate_state_dict(to); }, "to"_a = 0,

@@ -179,6 +179,15 @@ def test_state_dict_and_checkpoint_round_trip():
     opt.load(directory)
     assert np.array_equal(opt.param_view(0), saved) and opt.param_step(0) == 1
 
+    # A background save of this state; a step goes on before wait_save commits it.
+    opt.save_async(directory)
+    opt.grad_view(0)[:] = 1.0
+    opt.step()
+    assert not np.array_equal(opt.param_view(0), saved) and opt.param_step(0) == 2
+    opt.wait_save()
+    opt.load(directory)
+    assert np.array_equal(opt.param_view(0), saved) and opt.param_step(0) == 1
+
 
 def test_torch_tensors_when_available():
     try:

@@ -98,6 +98,8 @@ ModelAverager::~ModelAverager() = default;
 void ModelAverager::average_parameters() {
   Impl& im = *impl_;
   ZeroOptimizer::Impl& opt = im.opt();
+  // A background save may still be reading the parameters averaged below (async_save.hpp).
+  opt.async_save.wait_for_sources();
   const int level = averaging::level_at(im.config, im.step);
   if (level >= 0) {
     const bool outer_step = im.config.outer.enabled && level + 1 == static_cast<int>(im.config.levels.size());

@@ -147,6 +147,18 @@ shardopt_status shardopt_optimizer_save(shardopt_optimizer_t opt, const char* di
   });
 }
 
+shardopt_status shardopt_optimizer_save_async(shardopt_optimizer_t opt, const char* dir) {
+  return guard("shardopt_optimizer_save_async", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    check_not_null(dir, "dir");
+    o.opt->save_async(dir);
+  });
+}
+
+shardopt_status shardopt_optimizer_wait_save(shardopt_optimizer_t opt) {
+  return guard("shardopt_optimizer_wait_save", [&] { checked_optimizer(opt, "opt").opt->wait_save(); });
+}
+
 shardopt_status shardopt_optimizer_load(shardopt_optimizer_t opt, const char* dir) {
   return guard("shardopt_optimizer_load", [&] {
     shardopt_optimizer_s& o = checked_optimizer(opt, "opt");

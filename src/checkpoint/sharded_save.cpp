@@ -11,13 +11,18 @@
 // 4. Rank 0 commits manifest.json (temp, fsync, rename, fsync dir), reads it back, and only
 //    then removes the files of older saves. A crash before the rename leaves the previous
 //    manifest and every file it names untouched.
+//
+// The steps are three phases (save_phases.hpp): save() runs them back to back, save_async()
+// (async_save.hpp) runs the write on its own thread. Both write the same bytes.
 #include <algorithm>
 
 #include "checkpoint/collective.hpp"
 #include "checkpoint/optimizer_parts.hpp"
+#include "checkpoint/save_phases.hpp"
 #include "checkpoint/store.hpp"
 #include "checkpoint/validate.hpp"
 #include "core/check.hpp"
+#include "cpu/update_cpu.hpp"
 #include "optim/hyperparams.hpp"
 
 namespace shardopt {
@@ -32,52 +37,55 @@ std::vector<partition::Segment> segments_by_shard_offset(const partition::RankSh
   return segments;
 }
 
-// This rank's shard file (file `index` of `count`).
-ManifestFile write_own_shard(const OptimizerParts& parts, const std::string& dir, const std::string& save_id,
-                             int index, int count, const std::vector<std::string>& kinds,
-                             const optim::StateMask& kind_mask) {
+// Where each element of this rank's shard file comes from, in file order: parameter values
+// with zeros in the padding between and after segments, each state kind, and (file 0) the
+// frozen parameters. Files hold F32: bf16/f16 values are widened (exactly) as they are written
+// and narrowed back (exactly) on load.
+std::vector<ShardSource> shard_sources(const OptimizerParts& parts, int index, const optim::StateMask& kind_mask) {
   const optim::ShardState& state = parts.shard;
   const std::vector<optim::ParamRecord>& params = parts.table.params();
   const partition::RankShard& shard = state.own_shard();
-  int64_t frozen_numel = 0;
-  for (const optim::ParamRecord& p : params) frozen_numel += p.trainable ? 0 : p.numel;
-  ShardFileWriter writer(join_path(dir, shard_file_name(save_id, index, count)),
-                         shard_tensors(shard.numel, kinds, frozen_numel, index), shard_metadata(save_id, index, count));
-  // Parameter values, with zeros in the padding between and after segments. Files hold F32:
-  // bf16/f16 values are widened (exactly) and narrowed back (exactly) on load.
-  std::vector<float> wide;
+  const DType dtype = state.dtype();
+  std::vector<ShardSource> sources;
+  auto zeros = [&](int64_t count) {
+    if (count > 0) sources.push_back(ShardSource{nullptr, DType::f32, count});
+  };
+  auto values = [&](std::size_t param, int64_t offset, int64_t count) {
+    if (count > 0) sources.push_back(ShardSource{optim::element(state.param_ptr(param), offset, dtype), dtype, count});
+  };
   int64_t written = 0;
   for (const partition::Segment& s : segments_by_shard_offset(shard)) {
     if (s.length == 0) continue;
-    writer.write_zeros(s.shard_offset - written);
-    writer.write(state.param_values_f32(static_cast<std::size_t>(s.param), s.param_offset, s.length, wide), s.length);
+    zeros(s.shard_offset - written);
+    values(static_cast<std::size_t>(s.param), s.param_offset, s.length);
     written = s.shard_offset + s.length;
   }
-  writer.write_zeros(shard.numel - written);
+  zeros(shard.numel - written);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     if (!kind_mask[k]) continue;
     // A kind that hyperparameters made necessary after the last step is not allocated yet:
     // it would start as zeros, so zeros are what it holds.
-    if (state.state()[k].numel() == shard.numel) {
-      writer.write(state.state_data(k), shard.numel);
+    if (state.state()[k].numel() == shard.numel && shard.numel > 0) {
+      sources.push_back(ShardSource{state.state_data(k), DType::f32, shard.numel});
     } else {
-      writer.write_zeros(shard.numel);
+      zeros(shard.numel);
     }
   }
   if (index == 0) {
     for (std::size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].trainable) writer.write(state.param_values_f32(i, 0, params[i].numel, wide), params[i].numel);
+      if (!params[i].trainable) values(i, 0, params[i].numel);
     }
   }
-  ManifestFile file = writer.commit();
-  file.shard_numel = shard.numel;
-  file.segments = shard.segments;
-  return file;
+  return sources;
 }
 
-// The manifest of this save, from rank 0's state and every rank's file outcome.
+// Widening scratch of the writer: bounded, whatever the size of a parameter.
+constexpr int64_t kWidenChunk = int64_t{1} << 20;
+
+// The manifest of this save as the optimizer stands at its start (rank 0's state); the files'
+// sizes and CRCs are filled in once every rank has written its file.
 Manifest build_manifest(const OptimizerParts& parts, uint64_t generation, const std::string& save_id, int count,
-                        const std::vector<std::string>& kinds, const std::vector<Outcome>& files) {
+                        const std::vector<std::string>& kinds) {
   const optim::ShardState& state = parts.shard;
   Manifest m;
   m.generation = generation;
@@ -98,8 +106,6 @@ Manifest build_manifest(const OptimizerParts& parts, uint64_t generation, const 
     const partition::RankShard& shard = state.layout().shards[static_cast<std::size_t>(f)];
     ManifestFile file;
     file.name = shard_file_name(save_id, f, count);
-    file.bytes = static_cast<int64_t>(files[static_cast<std::size_t>(f)].value0);
-    file.crc32c = static_cast<uint32_t>(files[static_cast<std::size_t>(f)].value1);
     file.shard_numel = shard.numel;
     file.segments = shard.segments;
     m.files.push_back(std::move(file));
@@ -151,72 +157,125 @@ void damage_for_test(const std::string& path) {
 
 }  // namespace
 
-void save_checkpoint(const OptimizerParts& parts, const std::string& dir) {
+SaveTicket start_save(const OptimizerParts& parts, const std::string& dir) {
   const optim::DeviceContext& dev = parts.dev;
   Communicator& comm = dev.host_comm();
   const optim::ShardState& state = parts.shard;
-  const std::string what = fmt::format("save to '{}'", dir);
+  SaveTicket t;
+  t.dir = dir;
+  t.what = fmt::format("save to '{}'", dir);
+  t.rank = dev.rank();
+  t.widen_threads = parts.config.cpu_threads;
   // 1. Every rank makes the directory: on a networked filesystem a mkdir goes to the server,
   // where a lookup might trust a stale cache. Rank 0 picks the identity of this save.
   Outcome setup;
-  std::string save_id;
-  bool created_dir = false;
   try {
     // A checkpoint whose hyperparameters a load would refuse is not worth writing.
     for (std::size_t g = 0; g < parts.table.groups().size(); ++g) {
       optim::validate_hyperparams(parts.table.groups()[g], parts.config.algorithm, static_cast<int>(g));
     }
-    created_dir = !directory_exists(dir);
+    t.created_dir = !directory_exists(dir);
     make_directories(dir);
     if (dev.rank() == 0) {
       auto [generation, id] = next_save_identity(dir);
       setup.value0 = generation;
-      save_id = id;
+      t.save_id = id;
     }
   } catch (const Error& e) {
     setup.fail(e);
   }
-  auto forget_dir = [&] {
-    if (created_dir) remove_directory_if_empty(dir);
-  };
   std::vector<Outcome> setups;
   try {
-    setups = agree_on_outcomes(comm, setup, "save", what);
+    setups = agree_on_outcomes(comm, setup, "save", t.what);
   } catch (const Error&) {
-    forget_dir();
+    if (t.created_dir) remove_directory_if_empty(dir);
     throw;
   }
-  const uint64_t generation = setups[0].value0;
-  save_id = broadcast_string(comm, save_id, 0);
+  t.generation = setups[0].value0;
+  t.save_id = broadcast_string(comm, t.save_id, 0);
 
-  // 2. Every rank writes its shard (one file in all when the state is not sharded).
-  const int count = state.sharded() ? dev.world() : 1;
-  const bool writes = state.sharded() || dev.rank() == 0;
-  const std::string own_path = join_path(dir, shard_file_name(save_id, state.sharded() ? dev.rank() : 0, count));
-  const auto kind_mask = state.state_kinds_needed();
-  const std::vector<std::string> kinds = state_kind_names(kind_mask);
-  auto forget_own_file = [&] {
-    if (writes) remove_file_if_present(own_path);
-    forget_dir();
+  // What step 2 writes (one file in all when the state is not sharded), and the manifest as
+  // the optimizer stands now.
+  t.count = state.sharded() ? dev.world() : 1;
+  t.file_index = state.sharded() ? dev.rank() : 0;
+  t.writes = state.sharded() || dev.rank() == 0;
+  t.own_path = join_path(dir, shard_file_name(t.save_id, t.file_index, t.count));
+  const optim::StateMask kind_mask = state.state_kinds_needed();
+  t.kinds = state_kind_names(kind_mask);
+  t.shard_numel = state.own_shard().numel;
+  for (const optim::ParamRecord& p : parts.table.params()) t.frozen_numel += p.trainable ? 0 : p.numel;
+  if (t.writes) t.sources = shard_sources(parts, t.file_index, kind_mask);
+  for (const ShardSource& s : t.sources) t.source_bytes += s.count * static_cast<int64_t>(sizeof(float));
+  if (dev.rank() == 0) t.manifest = build_manifest(parts, t.generation, t.save_id, t.count, t.kinds);
+  return t;
+}
+
+Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(WritePoint)>& observe) {
+  auto reach = [&](WritePoint point) {
+    if (observe) observe(point);
   };
   Outcome written;
-  if (writes) {
-    try {
-      const ManifestFile own_file =
-          write_own_shard(parts, dir, save_id, state.sharded() ? dev.rank() : 0, count, kinds, kind_mask);
-      written.value0 = static_cast<uint64_t>(own_file.bytes);
-      written.value1 = own_file.crc32c;
-      if (test_damage_requested(dev.rank())) damage_for_test(own_path);
-    } catch (const Error& e) {
-      written.fail(e);
-    }
+  if (!t.writes) {
+    reach(WritePoint::kSourcesRead);
+    return written;
   }
+  bool sources_read = false;
+  try {
+    ShardFileWriter writer(t.own_path, shard_tensors(t.shard_numel, t.kinds, t.frozen_numel, t.file_index),
+                           shard_metadata(t.save_id, t.file_index, t.count));
+    std::vector<float> wide;
+    int64_t bytes = 0;
+    bool half_reported = false;
+    for (const ShardSource& s : t.sources) {
+      if (s.data == nullptr) {
+        writer.write_zeros(s.count);
+      } else if (s.dtype == DType::f32) {
+        writer.write(static_cast<const float*>(s.data), s.count);
+      } else {
+        for (int64_t at = 0; at < s.count; at += kWidenChunk) {
+          const int64_t n = std::min(kWidenChunk, s.count - at);
+          wide.resize(static_cast<std::size_t>(n));
+          kernels::widen_cpu(optim::element(s.data, at, s.dtype), s.dtype, wide.data(), n, t.widen_threads);
+          writer.write(wide.data(), n);
+        }
+      }
+      bytes += s.count * static_cast<int64_t>(sizeof(float));
+      if (!half_reported && 2 * bytes >= t.source_bytes) {
+        half_reported = true;
+        reach(WritePoint::kHalfWritten);
+      }
+    }
+    sources_read = true;
+    reach(WritePoint::kSourcesRead);
+    const ManifestFile own_file = writer.commit();
+    written.value0 = static_cast<uint64_t>(own_file.bytes);
+    written.value1 = own_file.crc32c;
+    if (test_damage_requested(t.rank)) damage_for_test(t.own_path);
+    reach(WritePoint::kCommitted);
+  } catch (const Error& e) {
+    written.fail(e);
+  } catch (const std::exception& e) {
+    written.fail(Error(ErrorCode::internal, fmt::format("writing '{}' failed: {}", t.own_path, e.what())));
+  }
+  if (!sources_read) reach(WritePoint::kSourcesRead);
+  return written;
+}
+
+void abandon_save(const SaveTicket& t) noexcept {
+  if (t.writes) remove_file_if_present(t.own_path);
+  if (t.created_dir) remove_directory_if_empty(t.dir);
+}
+
+void finish_save(Communicator& comm, const SaveTicket& t, const Outcome& written) {
+  const std::string& what = t.what;
+  const std::string& dir = t.dir;
+  // 2 (end). The ranks agree on the files' sizes and CRCs.
   std::vector<Outcome> files;
   try {
     files = agree_on_outcomes(comm, written, "save", what);
   } catch (const Error&) {
     // This save's complete files are named by no manifest: remove them now.
-    forget_own_file();
+    abandon_save(t);
     throw;
   }
 
@@ -228,11 +287,15 @@ void save_checkpoint(const OptimizerParts& parts, const std::string& dir) {
   Manifest m;
   Outcome proven;
   try {
-    if (dev.rank() == 0) {
-      m = build_manifest(parts, generation, save_id, count, kinds, files);
+    if (t.rank == 0) {
+      m = t.manifest;
+      for (std::size_t f = 0; f < m.files.size(); ++f) {
+        m.files[f].bytes = static_cast<int64_t>(files[f].value0);
+        m.files[f].crc32c = static_cast<uint32_t>(files[f].value1);
+      }
       prove_on_rank0(m, dir);
     } else {
-      prove_on_other_rank(dir, shard_file_name(save_id, 0, count), static_cast<int64_t>(files[0].value0), dev.rank());
+      prove_on_other_rank(dir, shard_file_name(t.save_id, 0, t.count), static_cast<int64_t>(files[0].value0), t.rank);
     }
   } catch (const Error& e) {
     proven.fail(e);
@@ -240,14 +303,14 @@ void save_checkpoint(const OptimizerParts& parts, const std::string& dir) {
   try {
     agree_on_outcomes(comm, proven, "save", what);
   } catch (const Error&) {
-    forget_own_file();
+    abandon_save(t);
     throw;
   }
 
   // 4. Rank 0 commits the manifest, the one step that makes this save the checkpoint, reads it
   // back, and only then sweeps older files away.
   Outcome committed;
-  if (dev.rank() == 0) {
+  if (t.rank == 0) {
     try {
       commit_manifest(dir, m);
       remove_unreferenced_files(dir, m);
@@ -256,6 +319,13 @@ void save_checkpoint(const OptimizerParts& parts, const std::string& dir) {
     }
   }
   agree_on_outcomes(comm, committed, "save", what);
+}
+
+void save_checkpoint(const OptimizerParts& parts, const std::string& dir) {
+  const SaveTicket ticket = start_save(parts, dir);
+  // 2. Every rank writes its shard; finish_save runs steps 2 (the agreement) to 4.
+  const Outcome written = write_own_shard_file(ticket, {});
+  finish_save(parts.dev.host_comm(), ticket, written);
 }
 
 }  // namespace checkpoint

@@ -58,8 +58,16 @@ AgreementRecord checkpoint_call(ZeroOptimizer::Impl& im, const char* operation) 
   return record;
 }
 
+// Collective when a background save is pending: commits it first (wait_save's semantics).
+void complete_pending_save(ZeroOptimizer::Impl& im) {
+  if (!im.async_save.pending()) return;
+  agree(im, AgreementRecord("wait_save"));
+  im.async_save.finish(im.dev.host_comm());
+}
+
 // Collective: checks `specs` locally, agrees with the other ranks, then appends and re-lays out.
 void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>& specs, AgreementRecord& record) {
+  im.async_save.wait_for_sources();  // the layout is rebuilt below
   optim::Registration added;
   const std::size_t first_id = im.table.size();
   const int first_group = im.table.num_groups();
@@ -114,6 +122,7 @@ int ZeroOptimizer::add_param_group(ParamGroupSpec group) try {
 
 void ZeroOptimizer::set_trainable(ParamId id, bool trainable) try {
   Impl& im = *impl_;
+  im.async_save.wait_for_sources();  // the layout is rebuilt below
   AgreementRecord record("set_trainable");
   std::string name;
   record.validate([&] {
@@ -246,6 +255,8 @@ const StepReport& ZeroOptimizer::last_step() const { return impl_->step.report()
 
 void ZeroOptimizer::step() try {
   Impl& im = *impl_;
+  // A background save may still be reading the values this step changes (async_save.hpp).
+  im.async_save.wait_for_sources();
   AgreementRecord record("step");
   add_step_fields(im, record);
   // Loss scaling needs to know, on every rank alike, whether any gradient is inf or NaN.
@@ -292,14 +303,34 @@ MemoryReport ZeroOptimizer::memory_report() const {
 
 void ZeroOptimizer::save(const std::string& dir) try {
   Impl& im = *impl_;
+  complete_pending_save(im);
   agree(im, checkpoint_call(im, "save"));
   checkpoint::save_checkpoint(parts_of(im), dir);
 } catch (const Error& e) {
   raise_within("save", e);
 }
 
+void ZeroOptimizer::save_async(const std::string& dir) try {
+  Impl& im = *impl_;
+  complete_pending_save(im);
+  agree(im, checkpoint_call(im, "save_async"));
+  checkpoint::SaveTicket ticket = checkpoint::start_save(parts_of(im), dir);
+  // The writer runs beside the caller's threads: one thread to widen bf16/f16 values.
+  ticket.widen_threads = 1;
+  im.async_save.start(std::move(ticket));
+} catch (const Error& e) {
+  raise_within("save_async", e);
+}
+
+void ZeroOptimizer::wait_save() try {
+  complete_pending_save(*impl_);
+} catch (const Error& e) {
+  raise_within("wait_save", e);
+}
+
 void ZeroOptimizer::load(const std::string& dir) try {
   Impl& im = *impl_;
+  complete_pending_save(im);
   agree(im, checkpoint_call(im, "load"));
   checkpoint::load_checkpoint(parts_of(im), dir);
   im.reducer.reset();
@@ -337,6 +368,7 @@ StateDict ZeroOptimizer::state_dict() const {
 
 void ZeroOptimizer::load_state_dict(const StateDict& state) try {
   Impl& im = *impl_;
+  im.async_save.wait_for_sources();  // the state is replaced below
   AgreementRecord record = checkpoint_call(im, "load_state_dict");
   record.validate([&] { checkpoint::check_state_dict(parts_of(im), state); });
   record.field("state dict algorithm", algorithm_name(state.algorithm));

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 
+#include "checkpoint/async_save.hpp"
 #include "optim/device_context.hpp"
 #include "optim/grad_reducer.hpp"
 #include "optim/param_sync.hpp"
@@ -33,6 +34,9 @@ struct ZeroOptimizer::Impl {
   optim::Step step;
   // consolidate_state_dict(to)'s result, on rank `to` only.
   std::optional<StateDict> consolidated;
+  // save_async's writer reads the buffers above: declared last, so it is destroyed (its
+  // thread joined) before any of them.
+  checkpoint::AsyncSave async_save;
 };
 
 ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer);

@@ -115,6 +115,8 @@ TEST_CASE("NULL pointers give SHARDOPT_ERR_NULL_POINTER naming the argument", "[
   CHECK(shardopt_optimizer_get_hyperparams(opt, 0, nullptr) == SHARDOPT_ERR_NULL_POINTER);
   CHECK(shardopt_optimizer_save(opt, nullptr) == SHARDOPT_ERR_NULL_POINTER);
   CHECK(last_error() == "shardopt_optimizer_save: dir is NULL");
+  CHECK(shardopt_optimizer_save_async(opt, nullptr) == SHARDOPT_ERR_NULL_POINTER);
+  CHECK(last_error() == "shardopt_optimizer_save_async: dir is NULL");
   // Destroying NULL is a no-op, as free(NULL).
   CHECK(shardopt_optimizer_destroy(nullptr) == SHARDOPT_OK);
   CHECK(shardopt_comm_destroy(nullptr) == SHARDOPT_OK);
@@ -530,5 +532,18 @@ TEST_CASE("save and load through the C ABI restore parameters and steps", "[capi
   const std::string missing = dir + "/does-not-exist";
   CHECK(shardopt_optimizer_load(opt, missing.c_str()) == SHARDOPT_ERR_IO);
   CHECK(contains(last_error(), "shardopt_optimizer_load: "));
+
+  // A background save of step 1's state, committed by wait_save after a step went on.
+  one_step(1);
+  const std::vector<float> at_async = params();
+  REQUIRE(shardopt_optimizer_save_async(opt, dir.c_str()) == SHARDOPT_OK);
+  one_step(2);
+  CHECK(params() != at_async);
+  REQUIRE(shardopt_optimizer_wait_save(opt) == SHARDOPT_OK);
+  REQUIRE(shardopt_optimizer_wait_save(opt) == SHARDOPT_OK);  // none pending: returns at once
+  REQUIRE(shardopt_optimizer_load(opt, dir.c_str()) == SHARDOPT_OK);
+  CHECK(params() == at_async);
+  REQUIRE(shardopt_optimizer_param_step(opt, 0, &steps) == SHARDOPT_OK);
+  CHECK(steps == 2);
   REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
 }

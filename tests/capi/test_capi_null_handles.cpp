@@ -124,6 +124,8 @@ TEST_CASE("every optimizer function refuses a NULL optimizer with a message nami
       {"shardopt_optimizer_cuda_stream", [&] { return shardopt_optimizer_cuda_stream(opt, &stream); }},
       {"shardopt_optimizer_memory_report", [&] { return shardopt_optimizer_memory_report(opt, &memory); }},
       {"shardopt_optimizer_save", [&] { return shardopt_optimizer_save(opt, "unused"); }},
+      {"shardopt_optimizer_save_async", [&] { return shardopt_optimizer_save_async(opt, "unused"); }},
+      {"shardopt_optimizer_wait_save", [&] { return shardopt_optimizer_wait_save(opt); }},
       {"shardopt_optimizer_load", [&] { return shardopt_optimizer_load(opt, "unused"); }},
       {"shardopt_optimizer_consolidate_state_dict", [&] { return shardopt_optimizer_consolidate_state_dict(opt, 0); }},
   };
