@@ -159,6 +159,47 @@ case $case_name in
     [[ -e $SHARDOPT_TEST_MARK_DIR/step1.rank1 && ! -e $SHARDOPT_TEST_MARK_DIR/step2.rank1 ]] &&
       echo "ok: rank 1 stopped at step1" || fail "rank 1 did not stop at step1"
     ;;
+  survive_kill | survive_link_cut)
+    # The survivors' side of a fault across hosts: rank 3 (host 1) SIGKILLed at step 2, or
+    # host 1's link cut when rank 2 reaches step 3. Every rank that still runs ends with an
+    # Error naming the optimizer call within the timeout, and no rank outlives the teardown
+    # (the watched exit barrier ends each process without waiting on the lost peers). Open
+    # MPI's launcher and daemons themselves do not end after such a fault (with
+    # --enable-recovery, or cut off from a host): they are stopped at MH_TIMEOUT, by which time
+    # every rank must be gone.
+    mh_setup_hosts 2 || exit 1
+    timeout_s=4
+    MH_TIMEOUT=25
+    if [[ $case_name == survive_kill ]]; then
+      # Without --enable-recovery the launcher kills every rank as soon as one dies, and the
+      # survivors' own handling would never be seen.
+      MH_MPIRUN_OPTIONS+=(--enable-recovery)
+      mh_kill_when_marked step2 3
+      survivors=(0 1 2)
+    else
+      mh_cut_link_when_marked "${MH_HOSTS[1]}" step3 2
+      survivors=(0 1 2 3)
+    fi
+    run 2,2 "$MH_WORK/fault.log" "$probe" --steps 40 --pause-ms 100 --timeout "$timeout_s" &&
+      fail "the job succeeded despite the fault"
+    for r in 0 1 2 3; do
+      pid=$(cat "$SHARDOPT_TEST_MARK_DIR/init.rank$r" 2>/dev/null)
+      [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && [[ $(ps -o stat= -p "$pid") != Z* ]] &&
+        fail "rank $r (pid $pid) still ran ${MH_TIMEOUT} s after the start"
+    done
+    echo "ok: no rank outlived the ${MH_TIMEOUT} s bound"
+    [[ $case_name == survive_link_cut ]] && mh_restore_link "${MH_HOSTS[1]}"
+    for r in "${survivors[@]}"; do
+      line=$(mh_rank_output "$r" | grep -E "^rank $r: " | head -1)
+      expect "$line" "^rank $r: (reduce_gradients|step): .*(did not complete within $timeout_s s|failed in MPI)" \
+        "rank $r named the interrupted call: ${line:0:200}"
+    done
+    # The launcher's daemons that lost their peers are the harness's to stop, not a rank.
+    for ns in "${MH_HOSTS[@]}"; do
+      ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    done
+    sleep 0.5
+    ;;
   *)
     echo "run_case.sh: unknown case '$case_name'"
     exit 2
