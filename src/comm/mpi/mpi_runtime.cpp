@@ -40,16 +40,25 @@ void MpiRuntime::note_timeout(double seconds) {
 
 bool MpiRuntime::peers_reach_exit() const {
   if (exit_timeout_ <= 0) return true;
-  const WorldErrorsReturn errors_return;
   MPI_Request request = MPI_REQUEST_NULL;
-  if (MPI_Ibarrier(MPI_COMM_WORLD, &request) != MPI_SUCCESS) return false;
+  {
+    const WorldErrorsReturn errors_return;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &request) != MPI_SUCCESS) return false;
+  }
+  bool done = false;
+  return test_until(&request, Deadline(exit_timeout_), done) == MPI_SUCCESS && done;
+}
+
+int test_until(void* request, const Deadline& deadline, bool& completed) {
+  MPI_Request& r = *static_cast<MPI_Request*>(request);
+  const WorldErrorsReturn errors_return;
   int code = MPI_SUCCESS;
-  const bool done = poll_until(Deadline(exit_timeout_), [&] {
+  completed = poll_until(deadline, [&] {
     int flag = 0;
-    code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    code = MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
     return flag != 0 || code != MPI_SUCCESS;
   });
-  return done && code == MPI_SUCCESS;
+  return code;
 }
 
 std::shared_ptr<MpiRuntime> shared_mpi_runtime() {

@@ -4,6 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "comm/watchdog.hpp"
+
 namespace shardopt {
 namespace comm {
 
@@ -54,6 +56,11 @@ class WorldErrorsReturn {
  private:
   void* saved_;  // the caller's MPI_Errhandler (kept opaque: this header does not include mpi.h)
 };
+
+// Tests `request` (a handle to an MPI_Request, kept opaque here) until it completes, MPI fails
+// it, or `deadline` passes, under WorldErrorsReturn; returns MPI's code (MPI_SUCCESS unless
+// it failed) and sets `completed`. The one polling loop of shardopt's MPI code.
+int test_until(void* request, const Deadline& deadline, bool& completed);
 
 // MPI's text for an error code.
 std::string mpi_error_string(int code);

@@ -33,13 +33,7 @@ void MpiCommState::meet_on(MPI_Comm parent) {
   MPI_Request request = MPI_REQUEST_NULL;
   int code = MPI_Ibarrier(parent, &request);
   bool done = code != MPI_SUCCESS;
-  if (code == MPI_SUCCESS) {
-    done = poll_until(Deadline(options_.timeout_seconds), [&] {
-      int flag = 0;
-      code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-      return flag != 0 || code != MPI_SUCCESS;
-    });
-  }
+  if (code == MPI_SUCCESS) code = test_until(&request, Deadline(options_.timeout_seconds), done);
   MPI_Comm_set_errhandler(parent, saved);
   MPI_Errhandler_free(&saved);
   SHARDOPT_CHECK(code == MPI_SUCCESS, comm, "creating a communicator on rank {} of {}: the ranks' meeting failed in MPI: {}",
@@ -86,16 +80,8 @@ void MpiCommState::check_usable(const char* op) const {
 void MpiCommState::wait(MPI_Request& request, const char* op) {
   if (request == MPI_REQUEST_NULL) return;
   const Deadline deadline(options_.timeout_seconds);
-  int code = MPI_SUCCESS;
   bool done = false;
-  {
-    const WorldErrorsReturn errors_return;
-    done = poll_until(deadline, [&] {
-      int flag = 0;
-      code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-      return flag != 0 || code != MPI_SUCCESS;
-    });
-  }
+  const int code = test_until(&request, deadline, done);
   const std::string missing = peers_.describe_missing();
   if (code != MPI_SUCCESS) {
     keep_live(request);
