@@ -4,7 +4,6 @@
 #include <mpi.h>
 
 #include <cmath>
-#include <cstring>
 #include <mutex>
 
 #include "comm/watchdog.hpp"
@@ -42,20 +41,19 @@ bool MpiRuntime::peers_reach_exit() const {
   if (exit_timeout_ <= 0) return true;
   MPI_Request request = MPI_REQUEST_NULL;
   {
-    const WorldErrorsReturn errors_return;
+    const ErrorsReturn world_errors;
     if (MPI_Ibarrier(MPI_COMM_WORLD, &request) != MPI_SUCCESS) return false;
   }
   bool done = false;
-  return test_until(&request, Deadline(exit_timeout_), done) == MPI_SUCCESS && done;
+  return test_until(request, Deadline(exit_timeout_), done) == MPI_SUCCESS && done;
 }
 
-int test_until(void* request, const Deadline& deadline, bool& completed) {
-  MPI_Request& r = *static_cast<MPI_Request*>(request);
-  const WorldErrorsReturn errors_return;
+int test_until(MPI_Request& request, const Deadline& deadline, bool& completed) {
+  const ErrorsReturn world_errors;
   int code = MPI_SUCCESS;
   completed = poll_until(deadline, [&] {
     int flag = 0;
-    code = MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+    code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
     return flag != 0 || code != MPI_SUCCESS;
   });
   return code;
@@ -74,19 +72,14 @@ std::shared_ptr<MpiRuntime> shared_mpi_runtime() {
   return runtime;
 }
 
-WorldErrorsReturn::WorldErrorsReturn() : saved_(nullptr) {
-  static_assert(sizeof(MPI_Errhandler) <= sizeof(void*), "MPI_Errhandler must fit a pointer");
-  MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
-  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &saved);
-  std::memcpy(&saved_, &saved, sizeof(saved));
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+ErrorsReturn::ErrorsReturn(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_get_errhandler(comm_, &saved_);
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
 }
 
-WorldErrorsReturn::~WorldErrorsReturn() {
-  MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
-  std::memcpy(&saved, &saved_, sizeof(saved));
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, saved);
-  MPI_Errhandler_free(&saved);  // the reference MPI_Comm_get_errhandler returned
+ErrorsReturn::~ErrorsReturn() {
+  MPI_Comm_set_errhandler(comm_, saved_);
+  MPI_Errhandler_free(&saved_);  // the reference MPI_Comm_get_errhandler returned
 }
 
 std::string mpi_error_string(int code) {

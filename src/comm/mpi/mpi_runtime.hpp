@@ -1,6 +1,8 @@
 // src/comm/mpi/mpi_runtime.hpp — MPI's lifetime in a process where shardopt may be the one that initialises it, and MPI error texts.
 #pragma once
 
+#include <mpi.h>
+
 #include <memory>
 #include <string>
 
@@ -41,26 +43,28 @@ class MpiRuntime {
 // at process exit if shardopt initialised it. Error(comm) if MPI was already finalised.
 std::shared_ptr<MpiRuntime> shared_mpi_runtime();
 
-// While alive, MPI_COMM_WORLD's error handler is MPI_ERRORS_RETURN; the caller's handler is
-// restored after. Open MPI invokes MPI_COMM_WORLD's handler (fatal by default: the whole job
-// aborts) for errors of nonblocking collectives found by MPI_Test, whatever communicator they
-// ran on, so shardopt's MPI calls run under this guard and turn such errors into Errors. The
-// guard is local (no communication) and cheap: two handler swaps per wait.
-class WorldErrorsReturn {
+// While alive, `comm`'s error handler is MPI_ERRORS_RETURN; the caller's handler is restored
+// after. Open MPI invokes MPI_COMM_WORLD's handler (fatal by default: the whole job aborts)
+// for errors of nonblocking collectives found by MPI_Test, whatever communicator they ran on,
+// so shardopt's polling runs under a guard on MPI_COMM_WORLD and turns such errors into
+// Errors; a guard on a caller's communicator covers a collective shardopt issues on it. Local
+// (no communication) and cheap: two handler swaps.
+class ErrorsReturn {
  public:
-  WorldErrorsReturn();
-  ~WorldErrorsReturn();
-  WorldErrorsReturn(const WorldErrorsReturn&) = delete;
-  WorldErrorsReturn& operator=(const WorldErrorsReturn&) = delete;
+  explicit ErrorsReturn(MPI_Comm comm = MPI_COMM_WORLD);
+  ~ErrorsReturn();
+  ErrorsReturn(const ErrorsReturn&) = delete;
+  ErrorsReturn& operator=(const ErrorsReturn&) = delete;
 
  private:
-  void* saved_;  // the caller's MPI_Errhandler (kept opaque: this header does not include mpi.h)
+  MPI_Comm comm_;
+  MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
 };
 
-// Tests `request` (a handle to an MPI_Request, kept opaque here) until it completes, MPI fails
-// it, or `deadline` passes, under WorldErrorsReturn; returns MPI's code (MPI_SUCCESS unless
-// it failed) and sets `completed`. The one polling loop of shardopt's MPI code.
-int test_until(void* request, const Deadline& deadline, bool& completed);
+// Tests `request` until it completes, MPI fails it, or `deadline` passes, under ErrorsReturn
+// on MPI_COMM_WORLD; returns MPI's code (MPI_SUCCESS unless it failed) and sets `completed`.
+// The one polling loop of shardopt's MPI code.
+int test_until(MPI_Request& request, const Deadline& deadline, bool& completed);
 
 // MPI's text for an error code.
 std::string mpi_error_string(int code);

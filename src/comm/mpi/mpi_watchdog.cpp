@@ -26,16 +26,14 @@ MpiCommState::MpiCommState(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
 void MpiCommState::meet_on(MPI_Comm parent) {
   // The parent is the caller's communicator: its handler is left as it is, and a barrier that
   // times out stays live on it (MPI cannot cancel it), as the caller's own collectives would.
-  const WorldErrorsReturn errors_return;
-  MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
-  MPI_Comm_get_errhandler(parent, &saved);
-  MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
-  MPI_Request request = MPI_REQUEST_NULL;
-  int code = MPI_Ibarrier(parent, &request);
-  bool done = code != MPI_SUCCESS;
-  if (code == MPI_SUCCESS) code = test_until(&request, Deadline(options_.timeout_seconds), done);
-  MPI_Comm_set_errhandler(parent, saved);
-  MPI_Errhandler_free(&saved);
+  int code = MPI_SUCCESS;
+  bool done = false;
+  {
+    const ErrorsReturn parent_errors(parent);
+    MPI_Request request = MPI_REQUEST_NULL;
+    code = MPI_Ibarrier(parent, &request);
+    if (code == MPI_SUCCESS) code = test_until(request, Deadline(options_.timeout_seconds), done);
+  }
   SHARDOPT_CHECK(code == MPI_SUCCESS, comm, "creating a communicator on rank {} of {}: the ranks' meeting failed in MPI: {}",
                  rank_, size_, mpi_error_string(code));
   SHARDOPT_CHECK(done, timeout,
@@ -49,7 +47,7 @@ MpiCommState::~MpiCommState() {
   MPI_Finalized(&finalized);
   if (finalized || comm_ == MPI_COMM_NULL) return;
   bool still_live = false;
-  const WorldErrorsReturn errors_return;
+  const ErrorsReturn world_errors;
   for (MPI_Request& request : live_requests_) {
     int done = 0;
     if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) still_live = true;
@@ -81,7 +79,7 @@ void MpiCommState::wait(MPI_Request& request, const char* op) {
   if (request == MPI_REQUEST_NULL) return;
   const Deadline deadline(options_.timeout_seconds);
   bool done = false;
-  const int code = test_until(&request, deadline, done);
+  const int code = test_until(request, deadline, done);
   const std::string missing = peers_.describe_missing();
   if (code != MPI_SUCCESS) {
     keep_live(request);
@@ -113,7 +111,7 @@ void MpiCommState::keep_live(MPI_Request request) {
   int done = 0;
   int code = MPI_SUCCESS;
   {
-    const WorldErrorsReturn errors_return;
+    const ErrorsReturn world_errors;
     code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
   }
   if (code == MPI_SUCCESS && done) return;

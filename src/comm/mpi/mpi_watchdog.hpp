@@ -11,7 +11,7 @@
 //
 // Open MPI reports a failed nonblocking collective from MPI_Test on MPI_COMM_WORLD, whose
 // handler is fatal by default, not on the communicator the collective ran on: every MPI call
-// that completes or starts shardopt's collectives therefore runs under WorldErrorsReturn.
+// that completes or starts shardopt's collectives therefore runs under ErrorsReturn (mpi_runtime.hpp).
 #pragma once
 
 #include <mpi.h>

@@ -51,11 +51,8 @@ class BootstrapComm {
 
   void wait(MPI_Request& request, const char* call) const {
     const Deadline deadline(options_.timeout_seconds);
-    const bool done = poll_until(deadline, [&] {
-      int flag = 0;
-      check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), call);
-      return flag != 0;
-    });
+    bool done = false;
+    check(test_until(request, deadline, done), call);
     if (!done) {
       raise(ErrorCode::timeout,
             "nccl bootstrap: {} on rank {} of {} did not complete within {:g} s: a rank did not "
