@@ -3,6 +3,9 @@
 #
 #   fault_case.sh NP POINT VICTIM FAULT_RUN SHARDOPT_CKPT [MPIEXEC]
 #
+# A kill that lands after rank 0 committed a save at POINT leaves that save as the checkpoint:
+# it must then be complete and resume bitwise instead (fault_run verify says which it loaded).
+#
 # mpirun runs with --enable-recovery: without it Open MPI's launcher kills every rank as soon
 # as one dies, and the survivors' own handling (the subject here) would never be seen.
 set -uo pipefail
@@ -33,13 +36,13 @@ grep "^FAULT-RESULT" "$dir/run.log" | grep -v " ok=1 " && fail "a survivor's err
 # No rank of this job is left running once the launcher returned.
 pgrep -f -- "$fault_run run --dir $dir" >/dev/null && fail "a rank outlived the job"
 
-"$ckpt_tool" verify "$dir/ckpt" >"$dir/verify.log" 2>&1 || { cat "$dir/verify.log"; fail "the previous checkpoint does not verify"; }
+"$ckpt_tool" verify "$dir/ckpt" >"$dir/verify.log" 2>&1 || { cat "$dir/verify.log"; fail "the checkpoint does not verify"; }
 timeout -k 5 "$job_limit" "$mpiexec" "${mpi_flags[@]}" -n "$np" "$fault_run" verify --dir "$dir" >"$dir/resume.log" 2>&1
-grep -q "^VERIFY ok=1" "$dir/resume.log" || { cat "$dir/resume.log"; fail "the previous checkpoint did not resume bitwise"; }
+grep -q "^VERIFY ok=1" "$dir/resume.log" || { cat "$dir/resume.log"; fail "the checkpoint did not resume bitwise"; }
 
 inside=$(grep -c "outlived the call" "$dir/run.log")
 worst=$(grep "^FAULT-RESULT" "$dir/run.log" | sed 's/.*seconds=\([0-9.]*\).*/\1/' | sort -n | tail -1)
 echo "PASS np=$np point=$point victim=$victim: $((np - 1)) survivors named the failure (slowest after ${worst} s," \
      "job ended after ${elapsed%.*} s, kill $([[ $inside -eq 0 ]] && echo inside || echo after) the call);" \
-     "previous checkpoint verified and resumed bitwise"
+     "verified and resumed bitwise: $(sed -n 's/^VERIFY ok=1 //p' "$dir/resume.log")"
 grep "^FAULT-RESULT" "$dir/run.log" | head -1 | sed 's/^/  e.g. /'
