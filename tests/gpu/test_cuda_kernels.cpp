@@ -33,7 +33,7 @@ std::vector<float> random_values(std::mt19937& gen, std::size_t n, float lo, flo
 UpdateTensors f32_tensors(float* param, const float* grad) { return UpdateTensors{param, grad, nullptr, DType::f32}; }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // Sizes: empty, shorter than one vector, around vector and block edges, and a large odd one.

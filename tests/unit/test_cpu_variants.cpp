@@ -91,7 +91,7 @@ bool any_nonfinite(const void* x, DType dtype, int64_t n) {
 
 template <typename T>
 bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // The buffers of one update call: a parameter of dtype (bytes), its gradient, an fp32 master
