@@ -15,10 +15,11 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 
 # ---- sanitizers and fuzzing --------------------------------------------------------------------
 # A second build with ASan + UBSan (float-cast-overflow included), CUDA off, running the unit and
-# multi-rank tests (not python, benches, demos or the install test). LeakSanitizer runs on the
-# unit tests; under MPI it is off: Open MPI's plugins leak at MPI_Finalize from modules it has
+# multi-rank tests (not python, benches, demos or the install test, so the tools are not built).
+# LeakSanitizer runs on the unit tests; under MPI it is off: Open MPI's plugins leak at MPI_Finalize from modules it has
 # already unloaded, which LSan reports as "<unknown module>" frames that no suppression can name.
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDOPT_WITH_CUDA=OFF -DSHARDOPT_SANITIZE=ON
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDOPT_WITH_CUDA=OFF -DSHARDOPT_SANITIZE=ON \
+  -DSHARDOPT_BUILD_TOOLS=OFF
 cmake --build build-sanitize -j"$jobs"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/sanitizer/ubsan.supp"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L unit -LE 'mpi|bench|python'
