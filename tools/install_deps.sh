@@ -13,9 +13,9 @@ SHARDOPT_DEB_PACKAGES=(
   # The fuzz harnesses (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
   clang libclang-rt-dev
 )
-# tests/multihost: namespaces, veth pairs, bridges and netem (ip, tc), a hostname per host
+# tests/multihost: namespaces, veth pairs, bridges, netem or tbf (ip, tc) and random loss (nft), a hostname per host
 # (unshare), the kernel's netem module loaded on demand (modprobe).
-SHARDOPT_DEB_PACKAGES+=(iproute2 util-linux kmod)
+SHARDOPT_DEB_PACKAGES+=(iproute2 util-linux kmod nftables)
 
 # Prints, one per line, the packages of "$@" that dpkg does not report as installed.
 shardopt_missing_packages() {

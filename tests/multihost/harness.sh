@@ -273,6 +273,54 @@ mh_netem_clear() {
   return 0
 }
 
+# Where the kernel has no netem, a degraded link from what it usually does have: tbf limits the
+# rate on both ends of the link (packets queue, so latency grows with the traffic; beyond tbf's
+# queue it drops), and the host drops a random share of the TCP packets it sends and receives.
+# mh_degrade_available returns 0 when both work; otherwise prints why on stdout, one line.
+mh_degrade_available() {
+  local out
+  if ! command -v tc >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then
+    echo "no 'tc' or 'nft' command (Debian packages iproute2, nftables)"
+    return 1
+  fi
+  if ! out=$(tc -n "$MH_NET_NS" qdisc add dev br0 root tbf rate 100mbit burst 32kb latency 50ms 2>&1); then
+    echo "this kernel has no tbf qdisc: $out"
+    return 1
+  fi
+  tc -n "$MH_NET_NS" qdisc del dev br0 root 2>/dev/null
+  if ! out=$(ip netns exec "$MH_NET_NS" nft add table inet mhprobe 2>&1); then
+    echo "this kernel has no nftables: $out"
+    return 1
+  fi
+  ip netns exec "$MH_NET_NS" nft delete table inet mhprobe 2>/dev/null
+  return 0
+}
+
+# mh_degrade HOST RATE LOSS_PER_MILLE: RATE (e.g. 50mbit) on both ends of host's link, and the
+# host drops LOSS_PER_MILLE of every 1000 TCP packets it sends and of those it receives (in the
+# host's namespace: the bridge's own namespace switches frames below nftables' inet hooks).
+# mh_degrade_clear HOST removes both.
+mh_degrade() {
+  local host=$1 rate=$2 loss=$3
+  tc -n "$MH_NET_NS" qdisc replace dev "$(mh_port "$host")" root tbf rate "$rate" burst 32kb latency 50ms &&
+    tc -n "$host" qdisc replace dev eth0 root tbf rate "$rate" burst 32kb latency 50ms || return 1
+  ip netns exec "$host" nft -f - <<EOT || return 1
+table inet mhdegrade {
+  chain out { type filter hook output priority 0; policy accept;
+              oifname "eth0" meta l4proto tcp numgen random mod 1000 < $loss drop; }
+  chain in { type filter hook input priority 0; policy accept;
+             iifname "eth0" meta l4proto tcp numgen random mod 1000 < $loss drop; }
+}
+EOT
+  mh_log "rate $rate and $loss per mille TCP loss each way on the link of $host"
+}
+mh_degrade_clear() {
+  tc -n "$MH_NET_NS" qdisc del dev "$(mh_port "$1")" root 2>/dev/null
+  tc -n "$1" qdisc del dev eth0 root 2>/dev/null
+  ip netns exec "$1" nft delete table inet mhdegrade 2>/dev/null
+  return 0
+}
+
 # Whether host $1 can open TCP connections to address $2 (port 9, nothing listens: an answer,
 # "connection refused", means the path works; a timeout means it does not).
 mh_reachable() {
