@@ -307,12 +307,17 @@ mh_degrade() {
   ip netns exec "$host" nft -f - <<EOT || return 1
 table inet mhdegrade {
   chain out { type filter hook output priority 0; policy accept;
-              oifname "eth0" meta l4proto tcp numgen random mod 1000 < $loss drop; }
+              oifname "eth0" meta l4proto tcp numgen random mod 1000 < $loss counter drop; }
   chain in { type filter hook input priority 0; policy accept;
-             iifname "eth0" meta l4proto tcp numgen random mod 1000 < $loss drop; }
+             iifname "eth0" meta l4proto tcp numgen random mod 1000 < $loss counter drop; }
 }
 EOT
   mh_log "rate $rate and $loss per mille TCP loss each way on the link of $host"
+}
+# How many TCP packets mh_degrade has dropped on host $1 so far (both ways).
+mh_degrade_dropped() {
+  ip netns exec "$1" nft list table inet mhdegrade 2>/dev/null |
+    grep -oE 'packets [0-9]+' | awk '{ n += $2 } END { print n + 0 }'
 }
 mh_degrade_clear() {
   tc -n "$MH_NET_NS" qdisc del dev "$(mh_port "$1")" root 2>/dev/null

@@ -134,9 +134,11 @@ case $case_name in
     # netem where the kernel has it; otherwise a rate limit with random loss (tbf + nftables).
     if why=$(mh_netem_available); then
       degrade() { mh_netem "${MH_HOSTS[1]}" delay 5ms loss 1%; }
+      dropped() { echo "netem's"; }
     elif why_not=$(mh_degrade_available); then
       echo "multihost: $why; a rate limit (tbf, 20mbit) and 2% TCP loss (nftables) instead"
       degrade() { mh_degrade "${MH_HOSTS[1]}" 20mbit 20; }
+      dropped() { mh_degrade_dropped "${MH_HOSTS[1]}"; }
     else
       echo "multihost: skipped: $why; $why_not"
       exit "$MH_SKIP_CODE"
@@ -146,6 +148,9 @@ case $case_name in
     run 2,2 "$MH_WORK/netem.log" "$probe" --steps 20 || fail "run on the degraded link exited non-zero"
     [[ -n $(fnv_of "$MH_WORK/clean.log") && $(fnv_of "$MH_WORK/clean.log") == "$(fnv_of "$MH_WORK/netem.log")" ]] &&
       echo "ok: the same parameters under delay and loss" || fail "the degraded link changed the result"
+    lost=$(dropped)
+    [[ $lost != 0 ]] && echo "ok: $lost TCP packets were dropped during the run" ||
+      fail "no packet was dropped: the run did not see a lossy link"
     ;;
   kill_rank)
     mh_setup_hosts 2 || exit 1
