@@ -168,6 +168,7 @@ OptimizerConfig make_config(const Options& o) {
   config.cpu_threads = o.threads;
   config.bucket_bytes = o.bucket_bytes;
   config.pipeline_chunk_bytes = o.pipeline_chunk_bytes;
+  config.node_shared_params = o.node_shared_params;
   return config;
 }
 

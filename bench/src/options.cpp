@@ -49,6 +49,8 @@ const char* const usage_text =
     "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1)\n"
     "  --bucket-bytes B          OptimizerConfig::bucket_bytes (default 4 MiB, the library default)\n"
     "  --pipeline-chunk-bytes B  OptimizerConfig::pipeline_chunk_bytes: update and sync in chunks (default 0: off)\n"
+    "  --node-shared 0|1         OptimizerConfig::node_shared_params (default 1): 0 makes the\n"
+    "                            sync copy every shard between ranks, as across nodes\n"
     "  --mode sharded|replicated state sharded (default) or replicated, the unsharded\n"
     "                            baseline; implies --mode step (also --shard ...)\n"
     "  --stream-mb M             MiB per bandwidth-test array, 4 arrays per rank (default\n"
@@ -209,6 +211,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--threads") o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
     else if (flag == "--bucket-bytes") o.bucket_bytes = std::max<int64_t>(1, parse_size(flag, value));
     else if (flag == "--pipeline-chunk-bytes") o.pipeline_chunk_bytes = parse_size(flag, value);
+    else if (flag == "--node-shared") o.node_shared_params = parse_int(flag, value, 0, 1) == 1;
     else if (flag == "--ckpt-dir") o.ckpt_dir = value;
     else if (flag == "--save-every") o.save_every = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
     else if (flag == "--stream-mb") o.stream_mb = parse_int(flag, value, 1, int64_t{1} << 20);

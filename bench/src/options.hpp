@@ -49,6 +49,7 @@ struct Options {
   int threads = 1;
   int64_t bucket_bytes = shardopt::OptimizerConfig{}.bucket_bytes;
   int64_t pipeline_chunk_bytes = 0;
+  bool node_shared_params = true;  // OptimizerConfig::node_shared_params
   bool sharded = true;
   int64_t stream_mb = 0;  // 0: automatic
   bool breakdown = false;

@@ -20,6 +20,7 @@
 #include "roofline.hpp"
 #include "stream.hpp"
 #include "support.hpp"
+#include "sync_peers.hpp"
 #include "verify.hpp"
 
 namespace shardopt_bench {
@@ -58,22 +59,6 @@ StreamResult best_of(const StreamResult& a, const StreamResult& b) {
   best.triad_gbps = std::max(a.triad_gbps, b.triad_gbps);
   best.update_gbps = std::max(a.update_gbps, b.update_gbps);
   return best;
-}
-
-// Times `body` (a collective call of every rank) `iters` times after `warmup` untimed calls,
-// each between barriers; returns the median of the slowest rank's seconds.
-template <typename Body>
-double time_collectively(Communicator& comm, int warmup, int iters, const Body& body) {
-  for (int i = 0; i < warmup; ++i) body();
-  std::vector<double> seconds;
-  for (int i = 0; i < iters; ++i) {
-    comm.barrier();
-    const auto start = Clock::now();
-    body();
-    seconds.push_back(seconds_since(start));
-    comm.barrier();
-  }
-  return median(slowest_rank(comm, seconds));
 }
 
 // The timed steps: medians over the steps, each step read on its slowest rank, so that the
@@ -288,13 +273,24 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
       format_fraction(step_verdict), status_name(status), wrong);
 
   if (o.breakdown) {
+    // What a copying sync should run at, in the same run: a blocking MPI_Allgather of the
+    // largest shard per rank, and a memcpy of what this rank receives (none when the node
+    // shares one buffer: then the sync is a barrier).
+    const int64_t block_bytes = *std::max_element(shards.begin(), shards.end()) * element_bytes;
+    const SyncPeers peers = sync_bytes > 0 && o.storage == Storage::bucket_view
+                                ? time_sync_peers(*comm, block_bytes, my_moved * element_bytes, o.warmup, o.iters)
+                                : SyncPeers{};
+    const auto ms_or_na = [](double s) { return s > 0 ? fmt::format("{:.3f}", s * 1e3) : std::string("n/a"); };
+    const auto ratio_or_na = [](double a, double b) { return a > 0 && b > 0 ? fmt::format("{:.2f}", a / b) : std::string("n/a"); };
     say(*comm,
         "breakdown: agree_ms_median={:.3f} update_ms_median={:.3f} sync_ms_median={:.3f} rest_ms_median={:.3f} "
         "update_gbps={:.2f} update_roofline_fraction={} sync_gbps={:.2f} sync_roofline_fraction={} "
-        "reduce_gradients_ms_median={:.3f}\n",
+        "reduce_gradients_ms_median={:.3f} mpi_allgather_ms_median={} memcpy_ms_median={} "
+        "sync_vs_mpi_allgather={} sync_vs_memcpy={}\n",
         timing.agree_s * 1e3, timing.update_s * 1e3, timing.sync_s * 1e3, timing.rest_s * 1e3,
         gbps(update_bytes, timing.update_longest_s), format_fraction(update_verdict), gbps(sync_bytes, timing.sync_longest_s),
-        format_fraction(sync_verdict), reduce_s * 1e3);
+        format_fraction(sync_verdict), reduce_s * 1e3, ms_or_na(peers.mpi_allgather_s), ms_or_na(peers.memcpy_s),
+        ratio_or_na(timing.sync_s, peers.mpi_allgather_s), ratio_or_na(timing.sync_s, peers.memcpy_s));
   }
   if (wrong_total != 0) return 1;
   return measurement_error ? 3 : 0;

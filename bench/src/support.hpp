@@ -78,6 +78,22 @@ inline std::vector<double> slowest_rank(Communicator& comm, const std::vector<do
   return std::vector<double>(buffer.begin(), buffer.end());
 }
 
+// Times `body` (a collective call of every rank) `iters` times after `warmup` untimed calls,
+// each between barriers; returns the median of the slowest rank's seconds.
+template <typename Body>
+double time_collectively(Communicator& comm, int warmup, int iters, const Body& body) {
+  for (int i = 0; i < warmup; ++i) body();
+  std::vector<double> seconds;
+  for (int i = 0; i < iters; ++i) {
+    comm.barrier();
+    const auto start = Clock::now();
+    body();
+    seconds.push_back(seconds_since(start));
+    comm.barrier();
+  }
+  return median(slowest_rank(comm, seconds));
+}
+
 // The same number on every rank of one machine, a different one (but for hash collisions) on
 // ranks of different machines: which ranks share a memory bus and a last-level cache.
 inline int64_t node_id() {
