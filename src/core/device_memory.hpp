@@ -74,7 +74,8 @@ class ScopedDevice {
   ScopedDevice& operator=(const ScopedDevice&) = delete;
 
  private:
-  int previous_ = -1;  // the device to restore; -1 when nothing was changed
+  // The device to restore; -1 when nothing was changed (only CUDA builds change it).
+  [[maybe_unused]] int previous_ = -1;
 };
 
 }  // namespace device
