@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -201,17 +202,17 @@ static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
 // Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
 template <typename Struct>
 struct KnownSizes {
-  static constexpr std::size_t values[] = {sizeof(Struct)};
+  static constexpr std::array<std::size_t, 1> values = {sizeof(Struct)};
 };
 template <>
 struct KnownSizes<shardopt_optimizer_config> {
-  static constexpr std::size_t values[] = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
-                                           sizeof(v3::optimizer_config), sizeof(shardopt_optimizer_config)};
+  static constexpr std::array<std::size_t, 4> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
+                                                        sizeof(v3::optimizer_config), sizeof(shardopt_optimizer_config)};
 };
 template <>
 struct KnownSizes<shardopt_memory_report> {
-  static constexpr std::size_t values[] = {sizeof(v1::memory_report), sizeof(v2::memory_report),
-                                           sizeof(shardopt_memory_report)};
+  static constexpr std::array<std::size_t, 3> values = {sizeof(v1::memory_report), sizeof(v2::memory_report),
+                                                        sizeof(shardopt_memory_report)};
 };
 
 // Whether the caller's struct (of an accepted size) has the fields appended after `Earlier`.
@@ -228,8 +229,8 @@ template <typename Struct>
 void check_struct(const Struct* s, const char* name, const char* type_name) {
   check_not_null(s, name);
   using Known = KnownSizes<Struct>;
-  static_assert(Known::values[std::size(Known::values) - 1] == sizeof(Struct), "the current size comes last");
-  check_struct_size(s->struct_size, name, type_name, Known::values, std::size(Known::values));
+  static_assert(Known::values.back() == sizeof(Struct), "the current size comes last");
+  check_struct_size(s->struct_size, name, type_name, Known::values.data(), Known::values.size());
 }
 
 // The handle registry: every live handle with its kind (its magic), so that checks never
