@@ -72,7 +72,8 @@ SHARDOPT_C_API const char* shardopt_version(void);
 typedef enum shardopt_dtype {
   SHARDOPT_DTYPE_F32 = 0,
   SHARDOPT_DTYPE_BF16 = 1,
-  SHARDOPT_DTYPE_F16 = 2
+  SHARDOPT_DTYPE_F16 = 2,
+  SHARDOPT_DTYPE_BYTE = 3 /* raw bytes: broadcast and all_gather only; never a tensor's dtype */
 } shardopt_dtype;
 
 typedef enum shardopt_device_kind {
@@ -110,11 +111,17 @@ typedef struct shardopt_comm_options {
    * naming the operation and rank, instead of hanging. 0 disables the watchdog;
    * NaN and negative values are refused with SHARDOPT_ERR_INVALID_ARGUMENT. */
   double timeout_seconds;
+  /* ---- appended later: the size of the earlier struct (through timeout_seconds) is still
+   * accepted, and then leaves the field below at its default ---- */
+  /* Which ranks form a node (share host memory): 0, those MPI finds on one machine; n > 0,
+   * consecutive groups of n of those (CommOptions::ranks_per_node). Negative: refused. */
+  int32_t ranks_per_node;
 } shardopt_comm_options;
 
 static inline void shardopt_comm_options_init(shardopt_comm_options* options) {
   options->struct_size = sizeof(shardopt_comm_options);
   options->timeout_seconds = 600.0;
+  options->ranks_per_node = 0;
 }
 
 /* MPI_COMM_WORLD over host memory. Initialises MPI if nobody has; MPI then stays initialised until
@@ -254,6 +261,11 @@ typedef struct shardopt_optimizer_config {
    * are bitwise those of 0. A write through a parameter view is seen by the node's other ranks.
    * See OptimizerConfig::node_shared_params in shardopt/optimizer.hpp. */
   int32_t node_shared_params;
+  /* ---- appended later: the sizes of the earlier structs (through `threads`, `loss_scaling`,
+   * `defaults`, `node_shared_params`) are still accepted, and then leave this at its default ---- */
+  /* > 0 (bucket view, sharded): the step updates the shard in chunks of this many bytes and
+   * starts each chunk's sync while the next is updated; 0 (default): update, then sync. */
+  int64_t pipeline_chunk_bytes;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -275,6 +287,7 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->loss_scaling.min_scale = 1.0;
   config->defaults = NULL;
   config->node_shared_params = 1;
+  config->pipeline_chunk_bytes = 0;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors
@@ -367,6 +380,13 @@ typedef struct shardopt_step_report {
   double grad_norm;      /* total norm from clip_grad_norm before the step; -1 if not called */
   double clip_coef;      /* factor clipping applied to the (unscaled) gradients; 1 if none */
   int64_t skipped_steps; /* steps skipped since the optimizer was created */
+  /* ---- appended later: the size of the earlier struct (through skipped_steps) is still
+   * accepted, and then these are not written ---- */
+  /* Wall time of the step's phases on this rank, in seconds (StepReport in optimizer.hpp): the
+   * agreement at its start, the update, the parameter sync. 0 before the first step. */
+  double agree_seconds;
+  double update_seconds;
+  double sync_seconds;
 } shardopt_step_report;
 
 static inline void shardopt_step_report_init(shardopt_step_report* report) {
@@ -376,6 +396,9 @@ static inline void shardopt_step_report_init(shardopt_step_report* report) {
   report->grad_norm = -1.0;
   report->clip_coef = 1.0;
   report->skipped_steps = 0;
+  report->agree_seconds = 0.0;
+  report->update_seconds = 0.0;
+  report->sync_seconds = 0.0;
 }
 
 /* ---- the optimizer ------------------------------------------------------------------------- */
@@ -503,7 +526,7 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_save(shardopt_optimizer_t
  * steps, hyperparameters, trainable flags and parameter values (resharding as needed). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_load(shardopt_optimizer_t opt, const char* dir);
 /* Collective: gathers the whole optimizer state on rank `to` (torch's consolidate_state_dict).
- * The consolidated dict itself is reachable from C++ and Python (state_dict()), not from C. */
+ * Rank `to` then reads it with shardopt_optimizer_state_dict (shardopt/shardopt_state_dict.h). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_consolidate_state_dict(shardopt_optimizer_t opt, int to);
 
 #ifdef __cplusplus
@@ -513,5 +536,8 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_consolidate_state_dict(shardop
 /* Model averaging and post-local SGD over these optimizers: a header of its own, part of the
  * whole C ABI that including this one gives. */
 #include "shardopt/shardopt_averaging.h"
+/* Collectives on a communicator handle, and the consolidated state dict read from C. */
+#include "shardopt/shardopt_collectives.h"
+#include "shardopt/shardopt_state_dict.h"
 
 #endif /* SHARDOPT_SHARDOPT_H_ */

@@ -29,6 +29,7 @@ const char* kind_name(uint64_t magic) {
   if (magic == kOptimizerMagic) return "shardopt_optimizer_t";
   if (magic == kModelAveragerMagic) return "shardopt_model_averager_t";
   if (magic == kPostLocalSgdMagic) return "shardopt_post_local_sgd_t";
+  if (magic == kStateDictMagic) return "shardopt_state_dict_t";
   return "unknown handle";
 }
 
@@ -168,6 +169,16 @@ shardopt_optimizer_s& checked_optimizer(shardopt_optimizer_t opt, const char* na
   check_handle(opt, kOptimizerMagic, name);
   if (opt->magic != kOptimizerMagic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
   return *opt;
+}
+
+shardopt_state_dict_s& checked_state_dict(shardopt_state_dict_t dict, const char* name) {
+  if (dict == nullptr) {
+    fail(SHARDOPT_ERR_NULL_POINTER, "{} is NULL; shardopt_optimizer_state_dict leaves its output NULL when it fails",
+         name);
+  }
+  check_handle(dict, kStateDictMagic, name);
+  if (dict->magic != kStateDictMagic) fail(SHARDOPT_ERR_BAD_HANDLE, "{} is corrupted (bad magic number)", name);
+  return *dict;
 }
 
 void retain_optimizer(shardopt_optimizer_s& opt) {

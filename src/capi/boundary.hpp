@@ -37,9 +37,24 @@ struct shardopt_optimizer_s {
   bool retired = false;
 };
 
+// A copy of a consolidated state dict with what C callers read beside it: each parameter's
+// numel, dtype and group, and its state kinds in order (map order: by name).
+struct shardopt_state_dict_s {
+  uint64_t magic = 0;
+  shardopt::StateDict dict;
+  struct Param {
+    int64_t numel = 0;
+    shardopt::DType dtype = shardopt::DType::f32;
+    int32_t group = 0;
+  };
+  std::vector<Param> params;                    // by global id
+  std::vector<std::vector<std::string>> kinds;  // by global id; empty without state
+};
+
 namespace shardopt {
 namespace capi {
 
+constexpr uint64_t kStateDictMagic = 0x73686172645f7364ull;  // "shard_sd"
 constexpr uint64_t kCommMagic = 0x73686172645f636dull;       // "shard_cm"
 constexpr uint64_t kOptimizerMagic = 0x73686172645f6f70ull;  // "shard_op"
 constexpr uint64_t kModelAveragerMagic = 0x73686172645f6d61ull;  // "shard_ma"
@@ -167,6 +182,37 @@ struct optimizer_config {  // through `defaults`
   const shardopt_hyperparams* defaults;
 };
 }  // namespace v3
+namespace v4 {
+struct optimizer_config {  // through `node_shared_params`
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+  int32_t node_shared_params;
+};
+}  // namespace v4
+namespace v1 {
+struct comm_options {  // through timeout_seconds
+  size_t struct_size;
+  double timeout_seconds;
+};
+struct step_report {  // through skipped_steps
+  size_t struct_size;
+  int32_t skipped;
+  double loss_scale;
+  double grad_norm;
+  double clip_coef;
+  int64_t skipped_steps;
+};
+}  // namespace v1
 
 // Each earlier version is a prefix of today's struct: same fields at the same offsets.
 #define SHARDOPT_CAPI_SAME_FIELD(v1_type, type, field) \
@@ -192,11 +238,15 @@ SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, shard_numel)
 SHARDOPT_CAPI_SAME_FIELD(v1::memory_report, shardopt_memory_report, trainable_numel);
 SHARDOPT_CAPI_SAME_FIELD(v3::optimizer_config, shardopt_optimizer_config, defaults);
 SHARDOPT_CAPI_SAME_FIELD(v2::memory_report, shardopt_memory_report, buffer_bytes);
+SHARDOPT_CAPI_SAME_FIELD(v4::optimizer_config, shardopt_optimizer_config, node_shared_params);
+SHARDOPT_CAPI_SAME_FIELD(v1::comm_options, shardopt_comm_options, timeout_seconds);
+SHARDOPT_CAPI_SAME_FIELD(v1::step_report, shardopt_step_report, skipped_steps);
 #undef SHARDOPT_CAPI_SAME_FIELD
 
 static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
                   sizeof(v2::optimizer_config) < sizeof(v3::optimizer_config) &&
-                  sizeof(v3::optimizer_config) < sizeof(shardopt_optimizer_config),
+                  sizeof(v3::optimizer_config) < sizeof(v4::optimizer_config) &&
+                  sizeof(v4::optimizer_config) < sizeof(shardopt_optimizer_config),
               "each version of shardopt_optimizer_config must have a size of its own");
 
 // Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
@@ -206,8 +256,17 @@ struct KnownSizes {
 };
 template <>
 struct KnownSizes<shardopt_optimizer_config> {
-  static constexpr std::array<std::size_t, 4> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
-                                                        sizeof(v3::optimizer_config), sizeof(shardopt_optimizer_config)};
+  static constexpr std::array<std::size_t, 5> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
+                                                        sizeof(v3::optimizer_config), sizeof(v4::optimizer_config),
+                                                        sizeof(shardopt_optimizer_config)};
+};
+template <>
+struct KnownSizes<shardopt_comm_options> {
+  static constexpr std::array<std::size_t, 2> values = {sizeof(v1::comm_options), sizeof(shardopt_comm_options)};
+};
+template <>
+struct KnownSizes<shardopt_step_report> {
+  static constexpr std::array<std::size_t, 2> values = {sizeof(v1::step_report), sizeof(shardopt_step_report)};
 };
 template <>
 struct KnownSizes<shardopt_memory_report> {
@@ -244,6 +303,7 @@ void check_handle(const void* handle, uint64_t magic, const char* name);
 
 shardopt_comm_s& checked_comm(shardopt_comm_t comm, const char* name);
 shardopt_optimizer_s& checked_optimizer(shardopt_optimizer_t opt, const char* name);
+shardopt_state_dict_s& checked_state_dict(shardopt_state_dict_t dict, const char* name);
 
 // An optimizer outlives the handles built over it (averagers hold a ZeroOptimizer&): each such
 // handle retains it at creation and releases it when destroyed; shardopt_optimizer_destroy

@@ -10,6 +10,8 @@ CommOptions comm_options_from(const shardopt_comm_options* options) {
   if (options != nullptr) {
     check_struct(options, "options", "shardopt_comm_options");
     result.timeout_seconds = options->timeout_seconds;
+    // An earlier header's struct ends at timeout_seconds: ranks_per_node keeps its default.
+    if (newer_than<v1::comm_options>(options)) result.ranks_per_node = options->ranks_per_node;
   }
   return result;
 }

@@ -13,6 +13,7 @@ namespace capi {
 static_assert(SHARDOPT_DTYPE_F32 == static_cast<int>(DType::f32) && SHARDOPT_DTYPE_BF16 == static_cast<int>(DType::bf16) &&
                   SHARDOPT_DTYPE_F16 == static_cast<int>(DType::f16),
               "shardopt_dtype mirrors shardopt::DType");
+static_assert(SHARDOPT_DTYPE_BYTE == static_cast<int>(DType::byte), "shardopt_dtype mirrors shardopt::DType");
 static_assert(SHARDOPT_DEVICE_CPU == static_cast<int>(Device::Kind::cpu) &&
                   SHARDOPT_DEVICE_CUDA == static_cast<int>(Device::Kind::cuda),
               "shardopt_device_kind mirrors shardopt::Device::Kind");
@@ -56,6 +57,10 @@ void tensor_to(const TensorRef& ref, shardopt_tensor& out) {
 TensorRef tensor_from_raw(const shardopt_tensor& t, const std::string& what) {
   const int dtype = raw_enum_value(t.dtype);
   const int kind = raw_enum_value(t.device_kind);
+  if (dtype == SHARDOPT_DTYPE_BYTE) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "{}: dtype {} (SHARDOPT_DTYPE_BYTE) is for collectives; a tensor is f32, "
+         "bf16 or f16 (0..2)", what, dtype);
+  }
   if (dtype < 0 || dtype > 2) fail(SHARDOPT_ERR_INVALID_ARGUMENT, "{}: dtype {} is not a shardopt_dtype (0..2)", what, dtype);
   if (kind < 0 || kind > 1) {
     fail(SHARDOPT_ERR_INVALID_ARGUMENT, "{}: device_kind {} is not a shardopt_device_kind (0..1)", what, kind);
@@ -200,6 +205,13 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
     result.defaults = defaults_from(*config, result.algorithm);
   }
   if (newer_than<v3::optimizer_config>(config)) result.node_shared_params = config->node_shared_params != 0;
+  if (newer_than<v4::optimizer_config>(config)) {
+    if (config->pipeline_chunk_bytes < 0) {
+      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->pipeline_chunk_bytes must be >= 0 (0: no pipelining), got {}",
+           config->pipeline_chunk_bytes);
+    }
+    result.pipeline_chunk_bytes = config->pipeline_chunk_bytes;
+  }
   return result;
 }
 

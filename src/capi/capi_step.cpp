@@ -104,6 +104,10 @@ shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_
     out->grad_norm = report.grad_norm;
     out->clip_coef = report.clip_coef;
     out->skipped_steps = report.skipped_steps;
+    if (!newer_than<v1::step_report>(out)) return;
+    out->agree_seconds = report.agree_seconds;
+    out->update_seconds = report.update_seconds;
+    out->sync_seconds = report.sync_seconds;
   });
 }
 

@@ -267,10 +267,15 @@ TEST_CASE("errors from the C++ core arrive as their statuses, and a refused valu
   CHECK(shardopt_optimizer_create(comm.get(), nullptr, &mixed_group, 1, &other) == SHARDOPT_ERR_UNSUPPORTED);
   CHECK(contains(last_error(), "parameter 'p1'"));
   // A dtype that is no shardopt_dtype at all is a bad argument.
-  mixed.descs[1].param.dtype = static_cast<shardopt_dtype>(3);
+  mixed.descs[1].param.dtype = static_cast<shardopt_dtype>(7);
   const shardopt_param_group_desc bad_group = mixed.group();
   CHECK(shardopt_optimizer_create(comm.get(), nullptr, &bad_group, 1, &other) == SHARDOPT_ERR_INVALID_ARGUMENT);
-  CHECK(contains(last_error(), "dtype 3 is not a shardopt_dtype (0..2)"));
+  CHECK(contains(last_error(), "dtype 7 is not a shardopt_dtype (0..2)"));
+  // Raw bytes move through collectives only, never as a parameter.
+  mixed.descs[1].param.dtype = SHARDOPT_DTYPE_BYTE;
+  const shardopt_param_group_desc byte_group = mixed.group();
+  CHECK(shardopt_optimizer_create(comm.get(), nullptr, &byte_group, 1, &other) == SHARDOPT_ERR_INVALID_ARGUMENT);
+  CHECK(contains(last_error(), "dtype 3 (SHARDOPT_DTYPE_BYTE) is for collectives"));
   // Registering nothing is refused by the optimizer itself.
   CHECK(shardopt_optimizer_create(comm.get(), nullptr, nullptr, 0, &other) == SHARDOPT_ERR_INVALID_ARGUMENT);
   CHECK(other == nullptr);

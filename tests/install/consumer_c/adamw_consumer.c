@@ -1,4 +1,4 @@
-/* tests/install/consumer_c/adamw_consumer.c — a C99 user of the C ABI: ranks take three sharded AdamW steps and check them against a scalar reference. */
+/* tests/install/consumer_c/adamw_consumer.c — a C99 user of the C ABI: ranks take three sharded AdamW steps and check them, the consolidated state dict and a few collectives against scalar references. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -46,6 +46,59 @@ static double reference_adamw(double p, int i, int world) {
     }
   }
   return p;
+}
+
+/* AdamW's exp_avg of one element after STEPS steps, in double. */
+static double reference_exp_avg(int i, int world) {
+  double m = 0.0;
+  int step, r;
+  for (step = 0; step < STEPS; ++step) {
+    double g = 0.0;
+    for (r = 0; r < world; ++r) g += local_grad(i, step, r);
+    m = 0.9 * m + 0.1 * (g / world);
+  }
+  return m;
+}
+
+/* Rank `to` reads the consolidated dict: names, steps, kinds, exp_avg against the reference, and
+ * a wrong buffer size refused. Returns 0 when all is as expected. */
+static int check_state_dict(shardopt_state_dict_t dict, int rank, int world) {
+  shardopt_state_dict_info info;
+  shardopt_state_dict_param p;
+  const char* kind = NULL;
+  float exp_avg[W_NUMEL];
+  int i;
+  shardopt_state_dict_info_init(&info);
+  shardopt_state_dict_param_init(&p);
+  if (shardopt_state_dict_get_info(dict, &info) != SHARDOPT_OK || info.num_params != 2 || info.num_groups != 1 ||
+      info.num_stateful != 2 || info.algorithm != SHARDOPT_ALGORITHM_ADAMW) {
+    fprintf(stderr, "rank %d: unexpected state dict info (%s)\n", rank, shardopt_last_error());
+    return 1;
+  }
+  if (shardopt_state_dict_get_param(dict, 0, &p) != SHARDOPT_OK || strcmp(p.name, "w") != 0 ||
+      p.numel != W_NUMEL || p.step != STEPS || p.num_states != 2 ||
+      shardopt_state_dict_state_kind(dict, 0, 0, &kind) != SHARDOPT_OK || strcmp(kind, "exp_avg") != 0) {
+    fprintf(stderr, "rank %d: unexpected state of 'w' (%s)\n", rank, shardopt_last_error());
+    return 1;
+  }
+  if (shardopt_state_dict_copy_state(dict, 0, "exp_avg", exp_avg, sizeof exp_avg) != SHARDOPT_OK) {
+    fprintf(stderr, "rank %d: copy_state: %s\n", rank, shardopt_last_error());
+    return 1;
+  }
+  for (i = 0; i < W_NUMEL; ++i) {
+    if (fabs(exp_avg[i] - reference_exp_avg(i, world)) > 1e-7) {
+      fprintf(stderr, "rank %d: exp_avg[%d] is %g, expected %g\n", rank, i, exp_avg[i], reference_exp_avg(i, world));
+      return 1;
+    }
+  }
+  if (shardopt_state_dict_copy_state(dict, 0, "exp_avg", exp_avg, sizeof exp_avg - 4) !=
+          SHARDOPT_ERR_INVALID_ARGUMENT ||
+      strstr(shardopt_last_error(), "dst_bytes is 144, but state 'exp_avg' of parameter 'w' is 37 fp32 values") ==
+          NULL) {
+    fprintf(stderr, "rank %d: a short buffer was not refused as expected: %s\n", rank, shardopt_last_error());
+    return 1;
+  }
+  return 0;
 }
 
 int main(void) {
@@ -139,6 +192,35 @@ int main(void) {
     goto cleanup;
   }
 
+  /* The consolidated state on the last rank, read from C. */
+  CHECK_OK(shardopt_optimizer_consolidate_state_dict(opt, world - 1));
+  if (rank == world - 1) {
+    shardopt_state_dict_t dict = NULL;
+    CHECK_OK(shardopt_optimizer_state_dict(opt, &dict));
+    failed = check_state_dict(dict, rank, world);
+    shardopt_state_dict_destroy(dict);
+    if (failed) goto cleanup;
+    failed = 1;
+  }
+
+  /* Collectives on the communicator: a sum of small integers, a broadcast from the last rank. */
+  {
+    float value[2];
+    value[0] = (float)(rank + 1);
+    value[1] = (float)(10 * rank);
+    CHECK_OK(shardopt_comm_all_reduce(comm, value, 2, SHARDOPT_DTYPE_F32, SHARDOPT_REDUCE_SUM));
+    if (value[0] != (float)(world * (world + 1) / 2) || value[1] != (float)(5 * world * (world - 1))) {
+      fprintf(stderr, "rank %d: all_reduce gave %g, %g\n", rank, value[0], value[1]);
+      goto cleanup;
+    }
+    value[0] = (float)rank;
+    CHECK_OK(shardopt_comm_broadcast(comm, value, 1, SHARDOPT_DTYPE_F32, world - 1));
+    if (value[0] != (float)(world - 1)) {
+      fprintf(stderr, "rank %d: broadcast gave %g\n", rank, value[0]);
+      goto cleanup;
+    }
+  }
+
   /* Errors come back as a status and a message, never as a crash. */
   if (shardopt_optimizer_find_param(opt, "missing", &id) != SHARDOPT_ERR_INVALID_ARGUMENT ||
       strstr(shardopt_last_error(), "missing") == NULL) {
@@ -153,7 +235,8 @@ int main(void) {
     goto cleanup;
   }
   failed = 0;
-  printf("rank %d: %d sharded AdamW steps over %d ranks match the reference (max error %.3g); shard %lld of %lld\n",
+  printf("rank %d: %d sharded AdamW steps over %d ranks match the reference (max error %.3g), and so do the state "
+         "dict and collectives; shard %lld of %lld\n",
          rank, STEPS, world, worst, (long long)report.shard_numel, (long long)report.trainable_numel);
 
 cleanup:
