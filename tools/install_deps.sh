@@ -10,8 +10,9 @@ SHARDOPT_DEB_PACKAGES=(
   cmake g++ make pkg-config
   libopenmpi-dev openmpi-bin
   catch2 libfmt-dev libopenblas-dev nlohmann-json3-dev
-  # The fuzz harnesses (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
-  clang libclang-rt-dev
+  # The fuzz harnesses (tests/fuzz): clang with libFuzzer and the sanitizer runtimes; LLVM's
+  # OpenMP with Archer for the ThreadSanitizer build (tools/sanitizer/tsan.sh).
+  clang libclang-rt-dev libomp-dev
 )
 # tests/multihost: namespaces, veth pairs, bridges, netem or tbf (ip, tc) and random loss (nft), a hostname per host
 # (unshare), the kernel's netem module loaded on demand (modprobe).

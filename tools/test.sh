@@ -29,3 +29,9 @@ ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-sanitize --output-on-failure 
 # The checkpoint readers' fuzz harnesses (clang, libFuzzer): the seed corpus replayed, then a
 # bounded fuzzing run per harness; any crash fails.
 SHARDOPT_FUZZ_SECONDS=${SHARDOPT_FUZZ_SECONDS:-60} bash tests/fuzz/run.sh build-fuzz
+
+# ThreadSanitizer over the threaded paths (a clang build of the library and three test
+# programs; tools/sanitizer/tsan.sh). Opt-in, as it adds a third build to CI's time.
+if [[ ${SHARDOPT_TSAN:-0} == 1 ]]; then
+  bash tools/sanitizer/tsan.sh build-tsan
+fi
