@@ -84,6 +84,10 @@ void Step::run(bool any_nonfinite, double agree_seconds) {
   report_.grad_norm = pending_norm_;
   report_.clip_coef = pending_clip_;
   report_.skipped = scaling && any_nonfinite;
+  // Params without a gradient this step leave the update runs for this step only.
+  bool any_sitting_out = false;
+  for (const ParamRecord& p : table_.params()) any_sitting_out = any_sitting_out || p.sits_out_step;
+  if (any_sitting_out && !report_.skipped) shard_.refresh_runs();
   if (report_.skipped) {
     // GradScaler.update(): back off and restart the growth count; nothing else changes.
     scale_ = std::max(scale_ * config_.loss_scaling.backoff_factor, config_.loss_scaling.min_scale);
@@ -106,6 +110,10 @@ void Step::run(bool any_nonfinite, double agree_seconds) {
       scale_ *= config_.loss_scaling.growth_factor;
       growth_tracker_ = 0;
     }
+  }
+  if (any_sitting_out) {
+    for (std::size_t i = 0; i < table_.size(); ++i) table_.param(static_cast<ParamId>(i)).sits_out_step = false;
+    shard_.refresh_runs();
   }
   pending_clip_ = 1.f;
   pending_norm_ = -1.0;
@@ -178,7 +186,7 @@ void Step::advance_steps() {
   bool buffers_created = false;
   for (std::size_t i = 0; i < table_.size(); ++i) {
     ParamRecord& p = table_.param(static_cast<ParamId>(i));
-    if (!p.trainable) continue;
+    if (!p.trainable || p.sits_out_step) continue;
     ++p.step;
     // torch keeps a momentum buffer through steps taken with momentum 0 and resumes it.
     if (sgd && !p.has_momentum_buffer && table_.groups()[static_cast<std::size_t>(p.group)].momentum != 0.0) {

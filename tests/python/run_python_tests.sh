@@ -10,9 +10,17 @@ source_dir=$1
 work=$2
 mkdir -p "$work"
 
+# Debian's python3-torch (tools/install_deps.sh) lives in the system interpreter's site-packages:
+# a venv made from that interpreter with --system-site-packages sees it (and Debian's numpy, which
+# that torch was built against, so pip installs no other numpy). Elsewhere, any python3 does;
+# the torch tests then skip unless that interpreter has torch.
 venv="$work/venv"
+base_python=python3
+if [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+  base_python=/usr/bin/python3
+fi
 if [[ ! -x "$venv/bin/python" ]]; then
-  python3 -m venv "$venv"
+  "$base_python" -m venv --system-site-packages "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check nanobind scikit-build-core numpy pytest
 
