@@ -73,6 +73,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._zero = None  # created once torch has built param_groups
         self._params = []  # every param, in torch's index order
         self._grads = []  # the gradient buffer shardopt reads, one per param
+        self._zeroed = set()  # indices of buffers zeroed since their last gradient
         self._holds_consolidated = False  # whether this rank holds a consolidated state
         comm = _communicator(process_group)
         self.process_group = process_group
@@ -134,10 +135,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for index, (p, buffer) in enumerate(zip(self._params, self._grads)):
             if p.grad is None:
                 without_grad.append(index)
+                if index not in self._zeroed:  # unread by the update; zeroed for what reads every gradient
+                    buffer.zero_()
+                    self._zeroed.add(index)
             elif p.grad.is_sparse:
                 raise RuntimeError("shardopt.torch.ZeroRedundancyOptimizer does not support sparse gradients")
-            elif p.grad.data_ptr() != buffer.data_ptr():
+            else:
                 buffer.copy_(p.grad)
+                self._zeroed.discard(index)
         self._zero.step(without_grad=without_grad)
         return loss
 

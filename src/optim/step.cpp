@@ -75,6 +75,29 @@ bool Step::local_nonfinite() {
 }
 
 void Step::run(bool any_nonfinite, double agree_seconds) {
+  // Params without a gradient this step leave the update runs for this step only, and come
+  // back even when the step fails.
+  bool any_sitting_out = false;
+  for (const ParamRecord& p : table_.params()) any_sitting_out = any_sitting_out || p.sits_out_step;
+  if (!any_sitting_out) {
+    run_all(any_nonfinite, agree_seconds);
+    return;
+  }
+  const auto end_sitting_out = [&] {
+    for (std::size_t i = 0; i < table_.size(); ++i) table_.param(static_cast<ParamId>(i)).sits_out_step = false;
+    shard_.refresh_runs();
+  };
+  shard_.refresh_runs();
+  try {
+    run_all(any_nonfinite, agree_seconds);
+  } catch (...) {
+    end_sitting_out();
+    throw;
+  }
+  end_sitting_out();
+}
+
+void Step::run_all(bool any_nonfinite, double agree_seconds) {
   const device::ScopedDevice scope(dev_.device());
   const bool scaling = config_.loss_scaling.enabled;
   report_.agree_seconds = agree_seconds;
@@ -84,10 +107,6 @@ void Step::run(bool any_nonfinite, double agree_seconds) {
   report_.grad_norm = pending_norm_;
   report_.clip_coef = pending_clip_;
   report_.skipped = scaling && any_nonfinite;
-  // Params without a gradient this step leave the update runs for this step only.
-  bool any_sitting_out = false;
-  for (const ParamRecord& p : table_.params()) any_sitting_out = any_sitting_out || p.sits_out_step;
-  if (any_sitting_out && !report_.skipped) shard_.refresh_runs();
   if (report_.skipped) {
     // GradScaler.update(): back off and restart the growth count; nothing else changes.
     scale_ = std::max(scale_ * config_.loss_scaling.backoff_factor, config_.loss_scaling.min_scale);
@@ -110,10 +129,6 @@ void Step::run(bool any_nonfinite, double agree_seconds) {
       scale_ *= config_.loss_scaling.growth_factor;
       growth_tracker_ = 0;
     }
-  }
-  if (any_sitting_out) {
-    for (std::size_t i = 0; i < table_.size(); ++i) table_.param(static_cast<ParamId>(i)).sits_out_step = false;
-    shard_.refresh_runs();
   }
   pending_clip_ = 1.f;
   pending_norm_ = -1.0;
