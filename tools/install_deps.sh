@@ -17,6 +17,9 @@ SHARDOPT_DEB_PACKAGES=(
 # tests/multihost: namespaces, veth pairs, bridges, netem or tbf (ip, tc) and random loss (nft), a hostname per host
 # (unshare), the kernel's netem module loaded on demand (modprobe).
 SHARDOPT_DEB_PACKAGES+=(iproute2 util-linux kmod nftables)
+# tests/python: a venv of the system python3 that sees Debian's torch (CPU, with torch.distributed
+# over gloo and ZeroRedundancyOptimizer), which the torch drop-in's tests compare against.
+SHARDOPT_DEB_PACKAGES+=(python3-venv python3-torch)
 
 # Prints, one per line, the packages of "$@" that dpkg does not report as installed.
 shardopt_missing_packages() {

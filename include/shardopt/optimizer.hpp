@@ -250,6 +250,10 @@ class SHARDOPT_API ZeroOptimizer {
   void step();
   // Calls `closure` (which recomputes loss and gradients) first, then steps; returns its loss.
   double step(const std::function<double()>& closure);
+  // step(), except that the params in `without_grad` are left as they are: no update, no state
+  // or step-count change (torch's optimizers skip a param whose .grad is None). Every rank must
+  // name the same params; their gradient buffers are not read by the update.
+  void step(const std::vector<ParamId>& without_grad);
 
   MemoryReport memory_report() const;
 

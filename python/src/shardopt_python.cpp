@@ -269,16 +269,17 @@ NB_MODULE(_shardopt, m) {
            "Collective: averages gradients over the ranks (skip it under DDP).")
       .def(
           "step",
-          [](Opt& s, nb::object closure) -> nb::object {
-            if (closure.is_none()) {
-              nb::gil_scoped_release release;
-              s.opt->step();
-              return nb::none();
-            }
-            const double loss = s.opt->step([&] { return nb::cast<double>(closure()); });
-            return nb::float_(loss);
+          [](Opt& s, nb::object closure, std::vector<shardopt::ParamId> without_grad) -> nb::object {
+            nb::object loss = nb::none();
+            if (!closure.is_none()) loss = nb::float_(nb::cast<double>(closure()));
+            nb::gil_scoped_release release;
+            s.opt->step(without_grad);
+            return loss;
           },
-          "closure"_a = nb::none(), "Collective: updates this rank's shard, then syncs parameters to every rank.")
+          "closure"_a = nb::none(), "without_grad"_a = std::vector<shardopt::ParamId>{},
+          "Collective: updates this rank's shard, then syncs parameters to every rank. The params in\n"
+          "without_grad (ids; the same on every rank) are left as they are: no update, no state or step\n"
+          "change, as torch's optimizers skip a param whose .grad is None.")
       .def("memory_report", [](const Opt& s) { return s.opt->memory_report(); })
       .def("save", [](Opt& s, const std::string& dir) { s.opt->save(dir); }, "dir"_a,
            nb::call_guard<nb::gil_scoped_release>(), "Collective: a sharded checkpoint in dir.")

@@ -23,6 +23,7 @@ struct ParamRecord {
   int64_t first_index = 0;  // position in the concatenation of all params in id order
   int64_t step = 0;
   bool has_momentum_buffer = false;  // torch creates it lazily, cloning d_p the first time
+  bool sits_out_step = false;        // set for one step only: no gradient this step, left as it is
 };
 
 // "'fc.weight' (numel 9, f32, cpu, group 0)": what must agree across ranks about a parameter.

@@ -215,6 +215,7 @@ void ShardState::refresh_runs() {
   for (const partition::Segment& s : own_shard().segments) {
     if (s.length == 0) continue;
     const ParamRecord& p = params[static_cast<std::size_t>(s.param)];
+    if (p.sits_out_step) continue;  // this step leaves it as it is
     char* param_at = element(param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dt);
     char* grad_at = stage2() ? shard_grads_.at(s.shard_offset)
                              : element(grad_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dt);

@@ -75,6 +75,29 @@ bool Step::local_nonfinite() {
 }
 
 void Step::run(bool any_nonfinite, double agree_seconds) {
+  // Params without a gradient this step leave the update runs for this step only, and come
+  // back even when the step fails.
+  bool any_sitting_out = false;
+  for (const ParamRecord& p : table_.params()) any_sitting_out = any_sitting_out || p.sits_out_step;
+  if (!any_sitting_out) {
+    run_all(any_nonfinite, agree_seconds);
+    return;
+  }
+  const auto end_sitting_out = [&] {
+    for (std::size_t i = 0; i < table_.size(); ++i) table_.param(static_cast<ParamId>(i)).sits_out_step = false;
+    shard_.refresh_runs();
+  };
+  shard_.refresh_runs();
+  try {
+    run_all(any_nonfinite, agree_seconds);
+  } catch (...) {
+    end_sitting_out();
+    throw;
+  }
+  end_sitting_out();
+}
+
+void Step::run_all(bool any_nonfinite, double agree_seconds) {
   const device::ScopedDevice scope(dev_.device());
   const bool scaling = config_.loss_scaling.enabled;
   report_.agree_seconds = agree_seconds;
@@ -178,7 +201,7 @@ void Step::advance_steps() {
   bool buffers_created = false;
   for (std::size_t i = 0; i < table_.size(); ++i) {
     ParamRecord& p = table_.param(static_cast<ParamId>(i));
-    if (!p.trainable) continue;
+    if (!p.trainable || p.sits_out_step) continue;
     ++p.step;
     // torch keeps a momentum buffer through steps taken with momentum 0 and resumes it.
     if (sgd && !p.has_momentum_buffer && table_.groups()[static_cast<std::size_t>(p.group)].momentum != 0.0) {

@@ -27,7 +27,8 @@ class Step {
   // The inf/NaN flag this rank contributes to the step's agreement (loss scaling only).
   bool local_nonfinite();
   // After the ranks agreed (which took `agree_seconds`): skip (loss scaling saw an inf/NaN on
-  // some rank) or update and sync.
+  // some rank) or update and sync. Params marked sits_out_step are left as they are, and
+  // unmarked afterwards.
   void run(bool any_nonfinite, double agree_seconds);
 
   double loss_scale() const { return scale_; }
@@ -37,6 +38,7 @@ class Step {
 
  private:
   float unscale_factor() const;
+  void run_all(bool any_nonfinite, double agree_seconds);  // run() over the current update runs
   void update_range(int64_t lo, int64_t hi);
   void advance_steps();
 

@@ -1,4 +1,5 @@
 // src/optim/zero_optimizer.cpp — ZeroOptimizer's public methods: each collective one starts with the ranks' agreement, then drives the parts in data-flow order.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -253,12 +254,24 @@ void ZeroOptimizer::set_loss_scale(double scale) {
 
 const StepReport& ZeroOptimizer::last_step() const { return impl_->step.report(); }
 
-void ZeroOptimizer::step() try {
+void ZeroOptimizer::step() { step(std::vector<ParamId>{}); }
+
+void ZeroOptimizer::step(const std::vector<ParamId>& without_grad) try {
   Impl& im = *impl_;
   // A background save may still be reading the values this step changes (async_save.hpp).
   im.async_save.wait_for_sources();
   AgreementRecord record("step");
   add_step_fields(im, record);
+  // Which params sit this step out must agree, or ranks would update different shards.
+  std::vector<ParamId> sitting_out = without_grad;
+  std::sort(sitting_out.begin(), sitting_out.end());
+  sitting_out.erase(std::unique(sitting_out.begin(), sitting_out.end()), sitting_out.end());
+  record.validate([&] {
+    for (ParamId id : sitting_out) im.table.param(id);  // range check
+  });
+  std::string sitting_out_text;
+  for (ParamId id : sitting_out) sitting_out_text += (sitting_out_text.empty() ? "ids " : ",") + std::to_string(id);
+  record.field("params without a gradient", sitting_out_text.empty() ? "none" : sitting_out_text);
   // Loss scaling needs to know, on every rank alike, whether any gradient is inf or NaN.
   record.validate([&] {
     im.reducer.check_no_open_round("step");
@@ -267,6 +280,7 @@ void ZeroOptimizer::step() try {
   const auto start = std::chrono::steady_clock::now();
   bool any_nonfinite = false;
   for (const comm::Payload& p : agree(im, record)) any_nonfinite = any_nonfinite || p[0] != 0;
+  for (ParamId id : sitting_out) im.table.param(id).sits_out_step = true;  // Step::run clears them
   im.step.run(any_nonfinite, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 } catch (const Error& e) {
   raise_within("step", e);

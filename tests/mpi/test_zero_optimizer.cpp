@@ -264,6 +264,78 @@ TEST_CASE("frozen params are not updated and take no state", "[zero]") {
   }
 }
 
+TEST_CASE("params without a gradient sit the step out: no update, no state or step change", "[zero]") {
+  // Each param's update depends only on its own gradients, state and step count, so a param
+  // that sits steps out must end as a one-param optimizer that never saw those steps.
+  const std::vector<int64_t> sizes = {40, 24, 40, 9};
+  const std::vector<ParamId> sitting_out = {1, 3};
+  auto sits_out = [&](ParamId id, int s) { return (s == 1 || s == 2) && (id == 1 || id == 3); };
+  for (Algorithm algorithm : {Algorithm::sgd, Algorithm::adam, Algorithm::adamw}) {
+    for (PartitionStrategy partition : {PartitionStrategy::flat, PartitionStrategy::sorted_greedy}) {
+      for (Storage storage : {Storage::bucket_view, Storage::external}) {
+        CAPTURE(algorithm_name(algorithm), partition_name(partition), static_cast<int>(storage));
+        OptimizerConfig config;
+        config.algorithm = algorithm;
+        config.partition = partition;
+        config.storage = storage;
+        const Hyperparams hyper = shardopt_test::busy_hyperparams(algorithm);
+        auto grad = [](ParamId id, int s, int64_t n) { return seeded_values(1000u + static_cast<uint32_t>(s * 97 + id), n); };
+        auto fill = [](TensorRef g, const std::vector<float>& v) {
+          if (g.numel > 0) std::memcpy(g.data, v.data(), g.nbytes());
+        };
+
+        Model model(sizes, 31);
+        model.external = storage == Storage::external;
+        ZeroOptimizer opt(world(), config, {model.group(0, sizes.size(), hyper)});
+        std::vector<float> held;
+        for (int s = 0; s < 5; ++s) {
+          std::vector<ParamId> without;
+          for (ParamId id = 0; id < opt.num_params(); ++id) {
+            // A sitting-out param's buffer holds garbage: the step must not read it.
+            fill(opt.grad_view(id), sits_out(id, s) ? std::vector<float>(static_cast<std::size_t>(sizes[static_cast<std::size_t>(id)]), 1e30f)
+                                                    : grad(id, s, sizes[static_cast<std::size_t>(id)]));
+            if (sits_out(id, s)) without.push_back(id);
+          }
+          if (s == 1) held.assign(opt.param_view(1).as<float>(), opt.param_view(1).as<float>() + 24);
+          opt.step(without);
+          if (s == 2) REQUIRE(bitwise_equal(held, std::vector<float>(opt.param_view(1).as<float>(), opt.param_view(1).as<float>() + 24)));
+        }
+        REQUIRE(opt.param_step(0) == 5);
+        REQUIRE(opt.param_step(1) == 3);
+        REQUIRE(opt.param_step(3) == 3);
+
+        for (ParamId id = 0; id < opt.num_params(); ++id) {
+          Model alone({sizes[static_cast<std::size_t>(id)]}, 31 + static_cast<uint32_t>(id));
+          alone.external = model.external;
+          ZeroOptimizer reference(solo(), config, {alone.group(0, 1, hyper)});
+          for (int s = 0; s < 5; ++s) {
+            if (sits_out(id, s)) continue;
+            fill(reference.grad_view(0), grad(id, s, sizes[static_cast<std::size_t>(id)]));
+            reference.step();
+          }
+          const TensorRef got = opt.param_view(id);
+          REQUIRE(bitwise_equal(all_params(reference), std::vector<float>(got.as<float>(), got.as<float>() + got.numel)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ranks naming different params without a gradient fail the step on every rank", "[zero]") {
+  if (world()->size() < 2) return;
+  Model model({10, 10}, 5);
+  ZeroOptimizer opt(world(), OptimizerConfig{}, {model.group(0, 2, Hyperparams{})});
+  std::vector<ParamId> without;
+  if (world()->rank() == 1) without.push_back(1);
+  const auto [code, what] = shardopt_test::error_of([&] { opt.step(without); });
+  REQUIRE(code == ErrorCode::mismatch);
+  REQUIRE_THAT(what, Catch::Contains("params without a gradient"));
+  REQUIRE(opt.param_step(0) == 0);
+  opt.step(std::vector<ParamId>{1});  // agreed: goes on
+  REQUIRE(opt.param_step(0) == 1);
+  REQUIRE(opt.param_step(1) == 0);
+}
+
 TEST_CASE("a subgroup communicator shards within the subgroup", "[zero]") {
   const int me = world()->rank();
   auto sub = world()->split(me % 2, me);

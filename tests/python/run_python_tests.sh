@@ -4,15 +4,28 @@
 #   run_python_tests.sh SOURCE_DIR WORK_DIR
 # The venv and the module's build live under WORK_DIR, so the test needs nothing installed
 # system-wide beyond python3 with venv and pip (PyPI reachable for nanobind, scikit-build-core,
-# numpy and pytest on the first run).
+# numpy and pytest on the first run), and Debian's python3-torch for the torch drop-in's tests
+# (tools/install_deps.sh installs it; without torch those tests skip).
 set -euo pipefail
 source_dir=$1
 work=$2
 mkdir -p "$work"
 
+# Debian's python3-torch (tools/install_deps.sh) lives in the system interpreter's site-packages:
+# a venv made from that interpreter with --system-site-packages sees it (and Debian's numpy, which
+# that torch was built against, so pip installs no other numpy). Elsewhere, any python3 does;
+# the torch tests then skip unless that interpreter has torch.
 venv="$work/venv"
+base_python=python3
+if [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+  base_python=/usr/bin/python3
+fi
+# A venv from an earlier run that cannot see the system's torch is made afresh.
+if [[ -x "$venv/bin/python" && "$base_python" == /usr/bin/python3 ]] && ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  rm -rf "$venv"
+fi
 if [[ ! -x "$venv/bin/python" ]]; then
-  python3 -m venv "$venv"
+  "$base_python" -m venv --system-site-packages "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check nanobind scikit-build-core numpy pytest
 
@@ -35,5 +48,6 @@ export PYTHONPATH="$work/site"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 for np in 1 2; do
   echo "== python tests, $np rank(s)"
-  mpirun -n "$np" --oversubscribe "$venv/bin/python" -m pytest -q -p no:cacheprovider "$source_dir/python/tests"
+  # -rs: a skipped module says why (the torch drop-in's tests without torch).
+  mpirun -n "$np" --oversubscribe "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$source_dir/python/tests"
 done

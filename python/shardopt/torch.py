@@ -1,0 +1,176 @@
+"""python/shardopt/torch.py — ZeroRedundancyOptimizer: a drop-in for torch.distributed.optim.ZeroRedundancyOptimizer that runs shardopt's sharded step over MPI.
+
+Change one import::
+
+    from shardopt.torch import ZeroRedundancyOptimizer   # was: from torch.distributed.optim import ...
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+    for x, y in batches:
+        opt.zero_grad()                 # set_to_none=True, as torch 2's default
+        loss_fn(model(x), y).backward()  # gradients averaged by DDP, as torch's ZeRO expects
+        opt.step()
+
+Run under mpirun: the ranks are MPI's (process_group=None means the world). Each rank keeps the
+optimizer state of its share of the parameters (torch's sorted-greedy assignment), updates it
+with shardopt's kernels and syncs the model's own parameters, in place, to every rank. As with
+torch's ZeRO, gradients must already be averaged across ranks (DDP, or an all-reduce).
+"""
+import torch
+import torch.distributed as dist
+
+from ._shardopt import Communicator, OptimizerConfig, PartitionStrategy, Storage, ZeroOptimizer, mpi_world
+from ._torch_options import algorithm_for, check_group, hyperparams_of, torch_defaults
+from ._torch_state import from_torch, to_torch
+
+__all__ = ["ZeroRedundancyOptimizer"]
+
+
+def _communicator(process_group):
+    """shardopt's communicator for torch's process_group argument."""
+    if isinstance(process_group, Communicator):
+        return process_group
+    world = mpi_world()
+    if process_group is None:
+        return world
+    # torch's world group names the same ranks as MPI's when torch was started by the same mpirun.
+    if dist.is_available() and dist.is_initialized() and process_group is dist.group.WORLD:
+        if dist.get_world_size() == world.size and dist.get_rank() == world.rank:
+            return world
+    raise ValueError(
+        "shardopt.torch.ZeroRedundancyOptimizer: process_group must be None (the MPI world), torch's "
+        "world group started by the same mpirun, or a shardopt.Communicator (e.g. mpi_world().split(...)); "
+        "other torch process groups are not supported"
+    )
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+    """torch.distributed.optim.ZeroRedundancyOptimizer over shardopt (SGD, Adam, AdamW).
+
+    ``param_groups`` are torch's dicts, live: a value changed there (by hand or by an
+    lr_scheduler) takes effect at the next step. A param whose ``.grad`` is None is left as it
+    is by that step (no update, no state change), as torch's optimizers do.
+    ``parameters_as_bucket_view`` is accepted for compatibility: shardopt always updates the
+    model's own parameter tensors in place.
+    """
+
+    def __init__(
+        self,
+        params,
+        optimizer_class,
+        process_group=None,
+        parameters_as_bucket_view=False,
+        overlap_with_ddp=False,
+        **defaults,
+    ):
+        if overlap_with_ddp:
+            raise NotImplementedError(
+                "shardopt.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported yet; "
+                "call step() after backward (overlap_with_ddp=False)"
+            )
+        self._algorithm = algorithm_for(optimizer_class)
+        self._optimizer_class = optimizer_class
+        full_defaults, self._reference = torch_defaults(optimizer_class, defaults)
+        self.parameters_as_bucket_view = parameters_as_bucket_view
+        self._zero = None  # created once torch has built param_groups
+        self._params = []  # every param, in torch's index order
+        self._grads = []  # the gradient buffer shardopt reads, one per param
+        self._zeroed = set()  # indices of buffers zeroed since their last gradient
+        self._holds_consolidated = False  # whether this rank holds a consolidated state
+        comm = _communicator(process_group)
+        self.process_group = process_group
+        self.rank, self.world_size = comm.rank, comm.size
+        super().__init__(params, full_defaults)
+        config = OptimizerConfig(
+            algorithm=self._algorithm,
+            partition=PartitionStrategy.sorted_greedy,  # torch's assignment of params to ranks
+            storage=Storage.external,  # the model's own tensors, updated in place
+        )
+        self._zero = ZeroOptimizer(comm, [self._shardopt_group(g, 0) for g in self.param_groups], config)
+
+    # ---- param groups -------------------------------------------------------------------------
+
+    def _shardopt_group(self, group, first_index):
+        """shardopt's group for a torch group whose params are indexed from first_index."""
+        h = hyperparams_of(group, self._algorithm).as_dict()
+        entries = []
+        for offset, p in enumerate(group["params"]):
+            index = first_index + offset
+            entries.append((f"param{index}", p.detach(), self._grads[index]))
+        h["params"] = entries
+        return h
+
+    def add_param_group(self, param_group):
+        """torch's add_param_group; collective, as torch's ZeRO's."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        check_group(group, self._algorithm, self._reference)
+        first_index = len(self._params)
+        for p in group["params"]:
+            if p.is_sparse:
+                raise ValueError("shardopt.torch.ZeroRedundancyOptimizer: sparse parameters are not supported")
+            self._params.append(p)
+            self._grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format).detach())
+        if self._zero is not None:
+            self._zero.add_param_group(self._shardopt_group(group, first_index))
+
+    def _sync_hyperparams(self):
+        """param_groups' values (as a scheduler or the user left them) into shardopt's groups."""
+        for group, view in zip(self.param_groups, self._zero.param_groups):
+            check_group(group, self._algorithm, self._reference)
+            view.set(hyperparams_of(group, self._algorithm))
+
+    # ---- the step -----------------------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool = True):
+        """torch's zero_grad; set_to_none=True (the default) drops the .grad tensors."""
+        super().zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        """Collective: updates this rank's shard and syncs the parameters to every rank."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_hyperparams()
+        without_grad = []
+        for index, (p, buffer) in enumerate(zip(self._params, self._grads)):
+            if p.grad is None:
+                without_grad.append(index)
+                if index not in self._zeroed:  # unread by the update; zeroed for what reads every gradient
+                    buffer.zero_()
+                    self._zeroed.add(index)
+            elif p.grad.is_sparse:
+                raise RuntimeError("shardopt.torch.ZeroRedundancyOptimizer does not support sparse gradients")
+            else:
+                buffer.copy_(p.grad)
+                self._zeroed.discard(index)
+        self._zero.step(without_grad=without_grad)
+        return loss
+
+    # ---- state dicts --------------------------------------------------------------------------
+
+    def consolidate_state_dict(self, to: int = 0):
+        """Collective: gathers the whole optimizer state on rank `to`, as torch's ZeRO does."""
+        self._zero.consolidate_state_dict(to)
+        self._holds_consolidated = self.rank == to
+
+    def state_dict(self):
+        """torch.optim's state_dict() of the whole optimizer (loadable by torch.optim's class);
+        only on the rank given to the last consolidate_state_dict()."""
+        if not self._holds_consolidated:
+            raise RuntimeError(
+                "Optimizer state has not been consolidated on this rank. "
+                f"Please call `consolidate_state_dict(to={self.rank})` on "
+                "all ranks beforehand if you meant to save the global state."
+            )
+        return to_torch(self._zero.state_dict(), self._params, self.param_groups, self._algorithm)
+
+    def load_state_dict(self, state_dict):
+        """Collective: loads a torch.optim state dict (torch.optim.Adam's, torch ZeRO's
+        consolidated one, or this class's); every rank passes the same dict."""
+        names = [f"param{i}" for i in range(len(self._params))]
+        shardopt_dict, groups = from_torch(state_dict, self._params, self.param_groups, names, self._algorithm)
+        for group in groups:
+            check_group(group, self._algorithm, self._reference)
+        self._zero.load_state_dict(shardopt_dict)
+        self.param_groups[:] = groups
+        self._holds_consolidated = False
