@@ -1,6 +1,7 @@
 """python/shardopt/__init__.py — the `shardopt` package: the nanobind extension's API, plus a torch param-group helper.
 
-shardopt runs ZeRO-style sharded optimizers over MPI for any tensor exposing ``__dlpack__``.
+shardopt runs ZeRO-style sharded optimizers over MPI, or over a torch.distributed process group
+(``torch_communicator``), for any tensor exposing ``__dlpack__``.
 
 Run under ``mpirun -np N python ...``. Each rank keeps optimizer state for ~1/N of the
 parameters, updates that shard and syncs the parameters back to every rank::
@@ -42,6 +43,7 @@ from ._shardopt import (  # noqa: F401  (the public API)
     OptimizerConfig,
     OuterOptimizer,
     PartitionStrategy,
+    PendingCollective,
     PeriodicModelAverager,
     PostLocalSGDOptimizer,
     Storage,
@@ -52,10 +54,25 @@ from ._shardopt import (  # noqa: F401  (the public API)
     nccl_compiled_in,
     nccl_world,
     periodic_averager,
+    python_communicator,
     version,
 )
 
 __version__ = version()
+
+
+def torch_communicator(process_group=None):
+    """A Communicator over a torch.distributed process group (None: the default group; torch must
+    be initialised already): shardopt's kernels, torch's transport (gloo on CPU, NCCL on GPU).
+    For launches by torchrun, where there is no MPI::
+
+        dist.init_process_group("gloo")
+        opt = shardopt.ZeroOptimizer(shardopt.torch_communicator(), groups, config)
+
+    Collectives time out as torch's process group does (init_process_group's timeout)."""
+    from ._torch_comm import torch_communicator as make
+
+    return make(process_group)
 
 
 def torch_param_group(module, with_grads=True, **hyperparams):

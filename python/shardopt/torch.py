@@ -1,4 +1,4 @@
-"""python/shardopt/torch.py — ZeroRedundancyOptimizer: a drop-in for torch.distributed.optim.ZeroRedundancyOptimizer that runs shardopt's sharded step over MPI.
+"""python/shardopt/torch.py — ZeroRedundancyOptimizer: a drop-in for torch.distributed.optim.ZeroRedundancyOptimizer that runs shardopt's sharded step over MPI or a torch.distributed process group.
 
 Change one import::
 
@@ -9,37 +9,54 @@ Change one import::
         loss_fn(model(x), y).backward()  # gradients averaged by DDP, as torch's ZeRO expects
         opt.step()
 
-Run under mpirun: the ranks are MPI's (process_group=None means the world). Each rank keeps the
+Run under mpirun (the ranks are MPI's: process_group=None means the world) or under torchrun
+(with torch.distributed initialised and no mpirun, shardopt's collectives go over torch's process
+group: process_group, or the default group when None; gloo on CPU, NCCL on GPU). Each rank keeps the
 optimizer state of its share of the parameters (torch's sorted-greedy assignment), updates it
 with shardopt's kernels and syncs the model's own parameters, in place, to every rank. As with
 torch's ZeRO, gradients must already be averaged across ranks (DDP, or an all-reduce).
 """
+import os
+
 import torch
 import torch.distributed as dist
 
 from ._shardopt import Communicator, OptimizerConfig, PartitionStrategy, Storage, ZeroOptimizer, mpi_world
+from ._torch_comm import torch_communicator
 from ._torch_options import algorithm_for, check_group, hyperparams_of, torch_defaults
 from ._torch_state import from_torch, to_torch
 
 __all__ = ["ZeroRedundancyOptimizer"]
 
 
+def launched_by_mpirun():
+    """Whether an MPI launcher (Open MPI's mpirun, or a PMI/PMIx one) started this process."""
+    return any(name in os.environ for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
 def _communicator(process_group):
-    """shardopt's communicator for torch's process_group argument."""
+    """shardopt's communicator for torch's process_group argument.
+
+    A shardopt.Communicator is used as it is. Under mpirun, the MPI world (None, or torch's world
+    group, which names the same ranks when torch was started by the same mpirun). Otherwise (e.g.
+    under torchrun) the torch process group given, or torch's default group: torch's transport
+    under shardopt's kernels."""
     if isinstance(process_group, Communicator):
         return process_group
-    world = mpi_world()
-    if process_group is None:
-        return world
-    # torch's world group names the same ranks as MPI's when torch was started by the same mpirun.
-    if dist.is_available() and dist.is_initialized() and process_group is dist.group.WORLD:
-        if dist.get_world_size() == world.size and dist.get_rank() == world.rank:
-            return world
-    raise ValueError(
-        "shardopt.torch.ZeroRedundancyOptimizer: process_group must be None (the MPI world), torch's "
-        "world group started by the same mpirun, or a shardopt.Communicator (e.g. mpi_world().split(...)); "
-        "other torch process groups are not supported"
-    )
+    torch_ready = dist.is_available() and dist.is_initialized()
+    if launched_by_mpirun() or not torch_ready:
+        if process_group is None:
+            return mpi_world()
+        if torch_ready and process_group is dist.group.WORLD:
+            world = mpi_world()
+            if dist.get_world_size() == world.size and dist.get_rank() == world.rank:
+                return world
+        if not torch_ready:
+            raise ValueError(
+                "shardopt.torch.ZeroRedundancyOptimizer: process_group is a torch process group, but "
+                "torch.distributed is not initialised"
+            )
+    return torch_communicator(process_group)
 
 
 class ZeroRedundancyOptimizer(torch.optim.Optimizer):

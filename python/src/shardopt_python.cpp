@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "py_averaging.hpp"
+#include "py_communicator.hpp"
 #include "py_hyperparams.hpp"
 #include "py_hyperparams_view.hpp"
 #include "py_optimizer.hpp"
@@ -73,7 +74,8 @@ NB_MODULE(_shardopt, m) {
       .value("bucket_view", shardopt::Storage::bucket_view)
       .value("external", shardopt::Storage::external);
 
-  nb::class_<shardopt::Communicator>(m, "Communicator")
+  nb::class_<shardopt::Communicator> communicator_class(m, "Communicator");
+  communicator_class
       .def_prop_ro("rank", &shardopt::Communicator::rank)
       .def_prop_ro("size", &shardopt::Communicator::size)
       .def_prop_ro("backend", &shardopt::Communicator::backend_name)
@@ -85,6 +87,7 @@ NB_MODULE(_shardopt, m) {
         return "<shardopt.Communicator " + std::string(c.backend_name()) + " rank " + std::to_string(c.rank()) +
                " of " + std::to_string(c.size()) + ">";
       });
+  bind_collectives(m, communicator_class);
 
   m.def(
       "mpi_world",

@@ -1,4 +1,4 @@
-"""python/tests/support.py — what the test modules share: expecting a shardopt.Error, and their script mode (under mpirun without pytest)."""
+"""python/tests/support.py — what the test modules share: expecting a shardopt.Error, their script mode (under mpirun without pytest), and torch.distributed over the mpirun ranks."""
 import sys
 import traceback
 
@@ -29,3 +29,18 @@ def run_tests(namespace: dict, rank: int) -> int:
             print(f"rank {rank}: {test.__name__} FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
     print(f"rank {rank}: {passed} passed, {failed} failed", flush=True)
     return 1 if failed else 0
+
+
+def init_gloo_over_mpi_ranks(rank: int, world: int):
+    """torch.distributed (gloo) over the ranks mpirun started, at a port this job's id picks (every
+    rank alike); a no-op where it is already initialised (the test modules share one process)."""
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    job = int(os.environ.get("OMPI_MCA_ess_base_jobid", "0"))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + job % 20000))
+    dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -1,0 +1,493 @@
+// python/src/py_communicator.cpp — shardopt::Communicator over a Python object's methods (torch.distributed's transport under shardopt's kernels), and the collectives bound for Python.
+//
+// The library calls a communicator from C++ with the GIL released (the optimizer's long calls
+// release it), so every call into Python takes the GIL first. Buffers go to Python without a
+// copy, as DLPack arrays over the library's own memory, valid until the collective completes.
+// A Python exception inside a collective becomes Error(comm) (Error(timeout) for a transport
+// timeout) carrying the Python message, and poisons the communicator as the MPI one is
+// poisoned: every later call on it, or on its pending collectives, raises at once.
+#include "py_communicator.hpp"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "py_tensors.hpp"
+#include "shardopt/shardopt.hpp"
+
+using namespace nb::literals;
+
+namespace shardopt_python {
+
+using shardopt::Communicator;
+using shardopt::DType;
+using shardopt::Error;
+using shardopt::ErrorCode;
+using shardopt::PendingCollective;
+using shardopt::ReduceOp;
+
+namespace {
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "unknown";
+}
+
+// A reference to a Python object that may be dropped on any thread: the reference is released
+// under the GIL, or left alone once the interpreter is going away (a leak at exit, never a crash).
+class PyRef {
+ public:
+  PyRef() = default;
+  explicit PyRef(nb::object object) : object_(std::move(object)) {}
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  ~PyRef() { reset(); }
+  const nb::object& get() const { return object_; }
+  void reset() {
+    if (!object_.is_valid()) return;
+    if (Py_IsInitialized() && nb::is_alive()) {
+      nb::gil_scoped_acquire gil;
+      object_.reset();
+    } else {
+      object_.release();
+    }
+  }
+
+ private:
+  nb::object object_;
+};
+
+// What a communicator shares with its pending collectives: the Python object, and the poison.
+class State {
+ public:
+  State(nb::object impl, int rank, int size, shardopt::Device device, std::string backend)
+      : impl_(std::move(impl)), rank_(rank), size_(size), device_(device), backend_(std::move(backend)) {}
+
+  const nb::object& impl() const { return impl_.get(); }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  shardopt::Device device() const { return device_; }
+  const std::string& backend() const { return backend_; }
+
+  void check_usable(const char* op) const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (unusable_.empty()) return;
+    throw Error(unusable_code_, std::string(op) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                                    " refused: this " + backend_ + " communicator is unusable since an earlier collective " +
+                                    (unusable_code_ == ErrorCode::timeout ? "timed out" : "failed") + " (" + unusable_ +
+                                    "); create a new communicator");
+  }
+
+  // Runs `call` (which calls into Python) under the GIL; a failure poisons this state and is
+  // raised as Error(comm), or Error(timeout) when the transport says it timed out.
+  template <typename Call>
+  nb::object call_python(const char* op, Call&& call) {
+    check_usable(op);
+    std::string failure;
+    {
+      nb::gil_scoped_acquire gil;
+      try {
+        return call();
+      } catch (nb::python_error& e) {
+        failure = std::string(nb::type_name(e.type()).c_str()) + ": " + nb::str(e.value()).c_str();
+      } catch (const Error& e) {
+        failure = e.what();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    const bool timed_out = failure.find("Timed out") != std::string::npos ||
+                           failure.find("timed out") != std::string::npos;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    unusable_ = std::string(op) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " failed in " +
+                backend_ + ": " + failure;
+    unusable_code_ = timed_out ? ErrorCode::timeout : ErrorCode::comm;
+    throw Error(unusable_code_, unusable_ + "; the communicator is now unusable");
+  }
+
+ private:
+  PyRef impl_;
+  const int rank_;
+  const int size_;
+  const shardopt::Device device_;
+  const std::string backend_;
+  mutable std::mutex mutex_;
+  std::string unusable_;  // empty while usable
+  ErrorCode unusable_code_ = ErrorCode::comm;
+};
+
+// The Python object's waitable (anything with wait(), or None when already complete).
+class PythonPending final : public PendingCollective {
+ public:
+  PythonPending(std::shared_ptr<State> state, const char* op, nb::object work)
+      : state_(std::move(state)), op_(op), work_(std::move(work)) {}
+
+  void wait() override {
+    if (done_) return;
+    state_->call_python(op_, [&] {
+      if (!work_.get().is_none()) work_.get().attr("wait")();
+      return nb::none();
+    });
+    done_ = true;
+    work_.reset();
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+  const char* op_;
+  PyRef work_;
+  bool done_ = false;
+};
+
+// The library's buffer as a one-dimensional DLPack array (uint8 for byte). It owns nothing (its
+// owner, None, only tells nanobind not to copy): the collective's caller keeps the memory alive.
+nb::object buffer_array(const void* data, int64_t count, DType dtype, shardopt::Device device) {
+  const std::size_t shape[1] = {static_cast<std::size_t>(count)};
+  nb::dlpack::dtype type = nb::dtype<float>();
+  if (dtype == DType::f16) type = nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+  if (dtype == DType::bf16) type = nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+  if (dtype == DType::byte) type = nb::dtype<uint8_t>();
+  const int32_t device_type = device.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
+  return nb::cast(nb::ndarray<>(const_cast<void*>(data), 1, shape, nb::none(), nullptr, type, device_type,
+                                device.is_cuda() ? device.index : 0));
+}
+
+class PythonCommunicator final : public Communicator {
+ public:
+  explicit PythonCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  int rank() const override { return state_->rank(); }
+  int size() const override { return state_->size(); }
+  shardopt::Device device() const override { return state_->device(); }
+  const char* backend_name() const override { return state_->backend().c_str(); }
+  // Device buffers go to the Python side as they are; it finishes every collective on the host's
+  // timeline (no stream of its own is exposed).
+  bool cuda_aware() const override { return state_->device().is_cuda(); }
+
+  void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
+    broadcast_async(buffer, count, dtype, root)->wait();
+  }
+  void all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
+    all_gather_async(send, recv, count, dtype)->wait();
+  }
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
+    reduce_scatter_async(send, recv, count, dtype, op)->wait();
+  }
+  void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) override {
+    all_reduce_async(buffer, count, dtype, op)->wait();
+  }
+  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, int root) override {
+    reduce_async(send, recv, count, dtype, op, root)->wait();
+  }
+  void barrier() override {
+    PythonPending(state_, "barrier", state_->call_python("barrier", [&] { return state_->impl().attr("barrier")(); }))
+        .wait();
+  }
+
+  std::unique_ptr<PendingCollective> broadcast_async(void* buffer, int64_t count, DType dtype, int root) override {
+    check_count(count, "broadcast");
+    check_root(root, "broadcast");
+    return start("broadcast", [&] {
+      return state_->impl().attr("broadcast")(array(buffer, count, dtype), root);
+    });
+  }
+  std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv, int64_t count,
+                                                      DType dtype) override {
+    check_count(count, "all_gather");
+    return start("all_gather", [&] {
+      return state_->impl().attr("all_gather")(array(send, count, dtype), array(recv, count * size(), dtype));
+    });
+  }
+  std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count, DType dtype,
+                                                      ReduceOp op) override {
+    check_count(count, "all_reduce");
+    check_reduction(dtype, op, "all_reduce");
+    return start("all_reduce", [&] {
+      return state_->impl().attr("all_reduce")(array(buffer, count, dtype), op_name(op));
+    });
+  }
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv, int64_t count, DType dtype,
+                                                          ReduceOp op) override {
+    check_count(count, "reduce_scatter");
+    check_reduction(dtype, op, "reduce_scatter");
+    return start("reduce_scatter", [&] {
+      return state_->impl().attr("reduce_scatter")(array(send, count * size(), dtype), array(recv, count, dtype),
+                                                   op_name(op));
+    });
+  }
+  std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv, int64_t count, DType dtype,
+                                                  ReduceOp op, int root) override {
+    check_count(count, "reduce");
+    check_root(root, "reduce");
+    check_reduction(dtype, op, "reduce");
+    return start("reduce", [&] {
+      // recv is not significant off the root: the Python side gets None there.
+      nb::object out = rank() == root ? array(recv, count, dtype) : nb::none();
+      return state_->impl().attr("reduce")(array(send, count, dtype), out, op_name(op), root);
+    });
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    std::shared_ptr<Communicator> child;
+    state_->call_python("split", [&] {
+      nb::object impl = state_->impl().attr("split")(color, key);
+      if (!impl.is_none()) child = python_communicator(impl);
+      return nb::none();
+    });
+    return child;
+  }
+  // No shared host memory between the ranks of a Python communicator: null, as NCCL's is.
+  std::shared_ptr<Communicator> split_node() override { return nullptr; }
+
+ private:
+  nb::object array(const void* data, int64_t count, DType dtype) const {
+    return buffer_array(data, count, dtype, state_->device());
+  }
+  template <typename Call>
+  std::unique_ptr<PendingCollective> start(const char* op, Call&& call) {
+    nb::object work = state_->call_python(op, std::forward<Call>(call));
+    return std::make_unique<PythonPending>(state_, op, std::move(work));
+  }
+  void check_count(int64_t count, const char* op) const {
+    state_->check_usable(op);
+    if (count < 0) throw Error(ErrorCode::invalid_argument, std::string(op) + ": negative count " + std::to_string(count));
+  }
+  void check_root(int root, const char* op) const {
+    if (root < 0 || root >= size()) {
+      throw Error(ErrorCode::invalid_argument, std::string(op) + ": root " + std::to_string(root) +
+                                                   " is not a rank of this " + std::to_string(size()) +
+                                                   "-rank communicator");
+    }
+  }
+  void check_reduction(DType dtype, ReduceOp op, const char* name) const {
+    if (dtype == DType::byte) {
+      throw Error(ErrorCode::unsupported,
+                  std::string(name) + " over " + state_->backend() +
+                      " cannot reduce dtype byte: byte is raw bytes that collectives move (broadcast, all_gather) "
+                      "without arithmetic; reductions take f32, bf16 and f16");
+    }
+    if (op != ReduceOp::sum && op != ReduceOp::avg && op != ReduceOp::max) {
+      throw Error(ErrorCode::unsupported, std::string(name) + " over " + state_->backend() + ": unknown reduce op " +
+                                              std::to_string(static_cast<int>(op)));
+    }
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+// A tensor for one of the bound collectives: f32/bf16/f16 as the optimizer takes them, or uint8
+// (contiguous, CPU or CUDA) as DType::byte.
+struct Buffer {
+  DlpackOwner owner;
+  shardopt::TensorRef ref;
+};
+
+Buffer take_buffer(const Communicator& comm, nb::handle obj, const char* what) {
+  Buffer b;
+  b.owner = take_dlpack(obj, what);
+  const DLTensor& t = b.owner.get()->dl_tensor;
+  if (t.dtype.code == kDLUInt && t.dtype.bits == 8 && t.dtype.lanes == 1) {
+    int64_t numel = 1;
+    int64_t expected_stride = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (t.strides != nullptr && t.shape[d] != 1 && t.strides[d] != expected_stride) {
+        throw Error(ErrorCode::invalid_argument, std::string(what) + ": must be contiguous");
+      }
+      expected_stride *= t.shape[d];
+      numel *= t.shape[d];
+    }
+    if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDA) {
+      throw Error(ErrorCode::unsupported, std::string(what) + ": only CPU and CUDA tensors are supported");
+    }
+    b.ref.data = static_cast<char*>(t.data) + t.byte_offset;
+    b.ref.numel = numel;
+    b.ref.dtype = DType::byte;
+    b.ref.device = t.device.device_type == kDLCUDA ? shardopt::Device::cuda(t.device.device_id) : shardopt::Device::cpu();
+  } else {
+    b.ref = tensor_ref(b.owner, what);
+  }
+  const bool reachable = b.ref.device == comm.device() || (b.ref.device.is_cuda() && comm.cuda_aware());
+  if (!reachable) {
+    throw Error(ErrorCode::invalid_argument, std::string(what) + " is on " + shardopt::device_name(b.ref.device) +
+                                                 ", which this " + comm.backend_name() + " communicator cannot reach");
+  }
+  return b;
+}
+
+ReduceOp parse_op(const std::string& name) {
+  if (name == "sum") return ReduceOp::sum;
+  if (name == "avg") return ReduceOp::avg;
+  if (name == "max") return ReduceOp::max;
+  throw Error(ErrorCode::invalid_argument, "unknown reduce op '" + name + "' (expected 'sum', 'avg' or 'max')");
+}
+
+int64_t per_rank(const Buffer& whole, const Communicator& comm, const char* what) {
+  if (whole.ref.numel % comm.size() != 0) {
+    throw Error(ErrorCode::invalid_argument, std::string(what) + " has " + std::to_string(whole.ref.numel) +
+                                                 " elements, not a multiple of the " + std::to_string(comm.size()) +
+                                                 " ranks");
+  }
+  return whole.ref.numel / comm.size();
+}
+
+// A collective started from Python: the library's pending collective and the tensors it uses.
+struct BoundPending {
+  std::vector<Buffer> buffers;  // released after the collective
+  std::unique_ptr<PendingCollective> pending;
+  void wait() {
+    if (!pending) return;
+    {
+      nb::gil_scoped_release release;
+      pending->wait();
+    }
+    pending.reset();
+    buffers.clear();
+  }
+};
+
+// Each collective as (blocking, async) bindings: `start` takes the buffers and starts it.
+template <typename Start>
+void def_collective(nb::class_<Communicator>& cls, const char* name, const char* async_name, Start start,
+                    const char* doc) {
+  cls.def(
+      name,
+      [start](Communicator& c, nb::args args) {
+        BoundPending p;
+        p.pending = start(c, args, p.buffers);
+        p.wait();
+      },
+      doc);
+  cls.def(
+      async_name,
+      [start](Communicator& c, nb::args args) {
+        auto p = std::make_unique<BoundPending>();
+        p->pending = start(c, args, p->buffers);
+        return p;
+      },
+      "As the blocking form; returns a PendingCollective whose wait() finishes it.");
+}
+
+std::string arg_string(const nb::args& args, std::size_t i, const char* fallback) {
+  return args.size() > i ? nb::cast<std::string>(args[i]) : std::string(fallback);
+}
+
+void need_args(const nb::args& args, std::size_t at_least, std::size_t at_most, const char* usage) {
+  if (args.size() < at_least || args.size() > at_most) {
+    throw Error(ErrorCode::invalid_argument, std::string("usage: ") + usage);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> python_communicator(nb::object impl) {
+  const int rank = nb::cast<int>(impl.attr("rank")());
+  const int size = nb::cast<int>(impl.attr("size")());
+  nb::tuple device = nb::cast<nb::tuple>(impl.attr("device")());
+  const std::string kind = nb::cast<std::string>(device[0]);
+  const int index = nb::cast<int>(device[1]);
+  std::string backend = nb::cast<std::string>(impl.attr("backend")());
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw Error(ErrorCode::invalid_argument, "communicator: rank " + std::to_string(rank) + " of " +
+                                                 std::to_string(size) + " is not a rank of the group");
+  }
+  if (kind != "cpu" && kind != "cuda") {
+    throw Error(ErrorCode::unsupported, "communicator: device '" + kind + "' (expected 'cpu' or 'cuda')");
+  }
+  const shardopt::Device where = kind == "cuda" ? shardopt::Device::cuda(index) : shardopt::Device::cpu();
+  return std::make_shared<PythonCommunicator>(
+      std::make_shared<State>(std::move(impl), rank, size, where, std::move(backend)));
+}
+
+void bind_collectives(nb::module_& m, nb::class_<Communicator>& cls) {
+  nb::class_<BoundPending>(m, "PendingCollective")
+      .def("wait", &BoundPending::wait, "Finishes the collective (raising its failure); then a no-op.");
+
+  m.def("python_communicator", &python_communicator, "impl"_a,
+        "A Communicator whose collectives are impl's methods (the protocol of shardopt._torch_comm's\n"
+        "TorchDistCommunicator). Prefer shardopt.torch_communicator(process_group).");
+
+  cls.def_prop_ro("device", [](const Communicator& c) { return shardopt::device_name(c.device()); });
+  def_collective(
+      cls, "broadcast", "broadcast_async",
+      [](Communicator& c, const nb::args& a, std::vector<Buffer>& keep) {
+        need_args(a, 2, 2, "broadcast(tensor, root)");
+        keep.push_back(take_buffer(c, a[0], "tensor"));
+        const shardopt::TensorRef t = keep.back().ref;
+        const int root = nb::cast<int>(a[1]);
+        nb::gil_scoped_release release;
+        return c.broadcast_async(t.data, t.numel, t.dtype, root);
+      },
+      "broadcast(tensor, root): root's tensor to every rank, in place.");
+  def_collective(
+      cls, "all_gather", "all_gather_async",
+      [](Communicator& c, const nb::args& a, std::vector<Buffer>& keep) {
+        need_args(a, 2, 2, "all_gather(send, recv)");
+        keep.push_back(take_buffer(c, a[0], "send"));
+        keep.push_back(take_buffer(c, a[1], "recv"));
+        const shardopt::TensorRef send = keep[0].ref;
+        const shardopt::TensorRef recv = keep[1].ref;
+        if (send.dtype != recv.dtype || recv.numel != send.numel * c.size()) {
+          throw Error(ErrorCode::invalid_argument, "all_gather: recv must hold size() * send's elements, of send's dtype");
+        }
+        nb::gil_scoped_release release;
+        return c.all_gather_async(send.data, recv.data, send.numel, send.dtype);
+      },
+      "all_gather(send, recv): rank r's send lands in recv's block r.");
+  def_collective(
+      cls, "all_reduce", "all_reduce_async",
+      [](Communicator& c, const nb::args& a, std::vector<Buffer>& keep) {
+        need_args(a, 1, 2, "all_reduce(tensor, op='sum')");
+        keep.push_back(take_buffer(c, a[0], "tensor"));
+        const shardopt::TensorRef t = keep.back().ref;
+        const ReduceOp op = parse_op(arg_string(a, 1, "sum"));
+        nb::gil_scoped_release release;
+        return c.all_reduce_async(t.data, t.numel, t.dtype, op);
+      },
+      "all_reduce(tensor, op='sum'): in place; op is 'sum', 'avg' or 'max'.");
+  def_collective(
+      cls, "reduce_scatter", "reduce_scatter_async",
+      [](Communicator& c, const nb::args& a, std::vector<Buffer>& keep) {
+        need_args(a, 2, 3, "reduce_scatter(send, recv, op='sum')");
+        keep.push_back(take_buffer(c, a[0], "send"));
+        keep.push_back(take_buffer(c, a[1], "recv"));
+        const shardopt::TensorRef send = keep[0].ref;
+        const shardopt::TensorRef recv = keep[1].ref;
+        const int64_t count = per_rank(keep[0], c, "reduce_scatter's send");
+        if (send.dtype != recv.dtype || recv.numel != count) {
+          throw Error(ErrorCode::invalid_argument, "reduce_scatter: recv must hold send's elements / size(), of send's dtype");
+        }
+        const ReduceOp op = parse_op(arg_string(a, 2, "sum"));
+        nb::gil_scoped_release release;
+        return c.reduce_scatter_async(send.data, recv.data, count, send.dtype, op);
+      },
+      "reduce_scatter(send, recv, op='sum'): this rank receives the reduced block rank of send.");
+  def_collective(
+      cls, "reduce", "reduce_async",
+      [](Communicator& c, const nb::args& a, std::vector<Buffer>& keep) {
+        need_args(a, 4, 4, "reduce(send, recv, op, root)");
+        keep.push_back(take_buffer(c, a[0], "send"));
+        keep.push_back(take_buffer(c, a[1], "recv"));
+        const shardopt::TensorRef send = keep[0].ref;
+        const shardopt::TensorRef recv = keep[1].ref;
+        if (send.dtype != recv.dtype || recv.numel != send.numel) {
+          throw Error(ErrorCode::invalid_argument, "reduce: recv must match send's size and dtype");
+        }
+        const ReduceOp op = parse_op(nb::cast<std::string>(a[2]));
+        const int root = nb::cast<int>(a[3]);
+        nb::gil_scoped_release release;
+        return c.reduce_async(send.data, recv.data, send.numel, send.dtype, op, root);
+      },
+      "reduce(send, recv, op, root): every rank's send reduced into root's recv (in place when the same).");
+}
+
+}  // namespace shardopt_python
