@@ -51,3 +51,13 @@ for np in 1 2; do
   # -rs: a skipped module says why (the torch drop-in's tests without torch).
   mpirun -n "$np" --oversubscribe "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$source_dir/python/tests"
 done
+
+# ---- torch's ZeRO tutorial with shardopt's drop-in (its own launches: outside mpirun) ----------
+# python/tests/zero_tutorial_check.py starts torchrun and mpirun itself, which must not be nested
+# in an mpirun'd process: it runs here, after the mpirun'd tests, from the plain shell.
+if "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  echo "== torch's ZeRO tutorial: torch, shardopt under torchrun, shardopt under mpirun (2 ranks each)"
+  "$venv/bin/python" "$source_dir/python/tests/zero_tutorial_check.py"
+else
+  echo "== torch's ZeRO tutorial: skipped: torch cannot be imported"
+fi
