@@ -59,10 +59,11 @@ def shardopt_variant(workdir):
 
 def torchrun(script_args, workdir):
     # Debian's torch 1.13 on Python 3.11 cannot parse torchrun's default --redirects/--tee ("0"):
-    # stdout is redirected to log files and teed to the console instead (value 1).
+    # stdout is redirected to log files and teed to the console instead (value 1). The agent looks
+    # at its workers every --monitor_interval seconds (5 by default): 1 s keeps the check short.
     logs = tempfile.mkdtemp(dir=workdir)
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "--master_addr",
-            "127.0.0.1", "--master_port", str(free_port()), "--redirects", "1", "--tee", "1", "--log_dir", logs,
+            "127.0.0.1", "--master_port", str(free_port()), "--monitor_interval", "1", "--redirects", "1", "--tee", "1", "--log_dir", logs,
             *script_args]
 
 
