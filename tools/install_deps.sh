@@ -20,6 +20,8 @@ SHARDOPT_DEB_PACKAGES+=(iproute2 util-linux kmod nftables)
 # tests/python: a venv of the system python3 that sees Debian's torch (CPU, with torch.distributed
 # over gloo and ZeroRedundancyOptimizer), which the torch drop-in's tests compare against.
 SHARDOPT_DEB_PACKAGES+=(python3-venv python3-torch)
+# python/examples/train_lm.py: its loss-curve plot.
+SHARDOPT_DEB_PACKAGES+=(python3-matplotlib)
 
 # Prints, one per line, the packages of "$@" that dpkg does not report as installed.
 shardopt_missing_packages() {
