@@ -5,6 +5,10 @@ shardopt's kernels run the optimizer; torch's process group moves the bytes. The
 arrays (no copy), each method starts the collective and returns an object whose ``wait()``
 finishes it (torch's ``Work.wait()``, then whatever the backend leaves to do).
 
+Over NCCL the communicator is CUDA-aware on the host's timeline (as a CUDA-aware MPI): shardopt
+hands over device buffers, and host ones (its small agreement records), which travel through
+device copies; every collective completes before wait() returns.
+
 Reductions match shardopt's MPI communicator (include/shardopt/communicator.hpp): avg is the sum
 divided by size() in float and, for bf16/f16, rounded back to the dtype (gloo has no AVG; NCCL
 uses its own). At 1 and 2 ranks the results are the MPI communicator's bits.
@@ -74,8 +78,9 @@ class TorchDistCommunicator:
     def size(self):
         return self._size
 
-    def device(self):
-        return ("cuda", torch.cuda.current_device()) if self._on_cuda else ("cpu", 0)
+    def cuda_aware(self):
+        """NCCL: shardopt hands over device buffers (and host ones: its small records)."""
+        return self._on_cuda
 
     def backend(self):
         return f"torch.distributed ({self._backend})"
@@ -86,15 +91,35 @@ class TorchDistCommunicator:
     def _tensor(array):
         return torch.utils.dlpack.from_dlpack(array)
 
-    def _finish_on_host(self, work, finish=None):
+    def _tensors(self, *arrays):
+        """The buffers as tensors (None stays None), and a function that copies the outputs back
+        where they had to be staged: NCCL moves CUDA tensors only, so host buffers (shardopt's
+        agreement records) travel through device copies."""
+        tensors = [None if a is None else self._tensor(a) for a in arrays]
+        if not self._on_cuda or all(t is None or t.is_cuda for t in tensors):
+            return tensors, lambda *outputs: None
+        device = torch.device("cuda", torch.cuda.current_device())
+        staged = [None if t is None else t.to(device) for t in tensors]
+
+        def copy_back(*outputs):
+            for i in outputs:
+                if tensors[i] is not None and staged[i] is not tensors[i]:
+                    tensors[i].copy_(staged[i])
+
+        return staged, copy_back
+
+    def _finish_on_host(self, work, finish=None, copy_back=None):
         """Completes on the host's timeline, which is what shardopt expects of a communicator
-        without a stream of its own (NCCL's work is otherwise only ordered on torch's streams)."""
+        without a stream of its own (NCCL's work is otherwise only ordered on torch's streams);
+        then copies staged outputs back (copy_back)."""
 
         def done():
-            if self._on_cuda:
-                torch.cuda.current_stream().synchronize()
             if finish is not None:
                 finish()
+            if self._on_cuda:
+                torch.cuda.current_stream().synchronize()
+            if copy_back is not None:
+                copy_back()
 
         return _Then(work, done)
 
@@ -124,22 +149,23 @@ class TorchDistCommunicator:
     # ---- collectives: each starts one and returns a waitable -----------------------------------
 
     def broadcast(self, array, root):
-        tensor = self._moved(self._tensor(array))
-        work = dist.broadcast(tensor, _global_rank(self.group, root), group=self.group, async_op=True)
-        return self._finish_on_host(work)
+        (tensor,), copy_back = self._tensors(array)
+        work = dist.broadcast(self._moved(tensor), _global_rank(self.group, root), group=self.group, async_op=True)
+        return self._finish_on_host(work, copy_back=lambda: copy_back(0))
 
     def all_gather(self, send_array, recv_array):
-        send, recv = self._moved(self._tensor(send_array)), self._moved(self._tensor(recv_array))
+        (send, recv), copy_back = self._tensors(send_array, recv_array)
         if send.numel() == 0:  # the same count on every rank: nothing to move anywhere
             return _Done()
+        send, recv = self._moved(send), self._moved(recv)
         if self._on_cuda:
             work = dist.all_gather_into_tensor(recv, send, group=self.group, async_op=True)
         else:  # gloo has no all_gather into one tensor: the blocks of recv, as views
             work = dist.all_gather(list(recv.chunk(self._size)), send, group=self.group, async_op=True)
-        return self._finish_on_host(work)
+        return self._finish_on_host(work, copy_back=lambda: copy_back(1))
 
     def all_reduce(self, array, op):
-        tensor = self._tensor(array)
+        (tensor,), copy_back = self._tensors(array)
         wire = self._widened(tensor)
         work = dist.all_reduce(wire, op=self._reduce_op(op), group=self.group, async_op=True)
 
@@ -148,15 +174,15 @@ class TorchDistCommunicator:
                 tensor.copy_(wire)
             self._average(tensor, op)
 
-        return self._finish_on_host(work, finish)
+        return self._finish_on_host(work, finish, lambda: copy_back(0))
 
     def reduce_scatter(self, send_array, recv_array, op):
-        send, recv = self._tensor(send_array), self._tensor(recv_array)
+        (send, recv), copy_back = self._tensors(send_array, recv_array)
         if recv.numel() == 0:
             return _Done()
         if self._on_cuda:
             work = dist.reduce_scatter_tensor(recv, send, op=self._reduce_op(op), group=self.group, async_op=True)
-            return self._finish_on_host(work, lambda: self._average(recv, op))
+            return self._finish_on_host(work, lambda: self._average(recv, op), lambda: copy_back(1))
         # gloo has no reduce_scatter: an all-reduce of a copy, of which this rank keeps its block.
         whole = send.float() if send.dtype == torch.bfloat16 else send.clone()
         work = dist.all_reduce(whole, op=self._reduce_op(op), group=self.group, async_op=True)
@@ -168,8 +194,7 @@ class TorchDistCommunicator:
         return self._finish_on_host(work, keep_block)
 
     def reduce(self, send_array, recv_array, op, root):
-        send = self._tensor(send_array)
-        recv = self._tensor(recv_array) if recv_array is not None else None  # None off the root
+        (send, recv), copy_back = self._tensors(send_array, recv_array)  # recv: None off the root
         wire = self._widened(send)
         if wire is send:
             if recv is not None:  # reduce into recv itself, from send's values
@@ -188,7 +213,7 @@ class TorchDistCommunicator:
                 recv.copy_(wire)
             self._average(recv, op)
 
-        return self._finish_on_host(work, finish)
+        return self._finish_on_host(work, finish, lambda: copy_back(1))
 
     def barrier(self):
         return self._finish_on_host(dist.barrier(group=self.group, async_op=True))

@@ -6,7 +6,17 @@
 // A Python exception inside a collective becomes Error(comm) (Error(timeout) for a transport
 // timeout) carrying the Python message, and poisons the communicator as the MPI one is
 // poisoned: every later call on it, or on its pending collectives, raises at once.
+//
+// A communicator over device memory (torch's NCCL group) is a CUDA-aware host-timeline one, as
+// a CUDA-aware MPI is: device() is the CPU, cuda_aware() is true, so the optimizer synchronises
+// its stream before each collective and the Python side completes each on the host's timeline.
+// Its buffers may then be host memory (the agreement's records) or device memory (the params),
+// which the CUDA driver tells apart.
 #include "py_communicator.hpp"
+
+#include <dlfcn.h>
+
+#include <cstdint>
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -70,13 +80,13 @@ class PyRef {
 // What a communicator shares with its pending collectives: the Python object, and the poison.
 class State {
  public:
-  State(nb::object impl, int rank, int size, shardopt::Device device, std::string backend)
-      : impl_(std::move(impl)), rank_(rank), size_(size), device_(device), backend_(std::move(backend)) {}
+  State(nb::object impl, int rank, int size, bool cuda_aware, std::string backend)
+      : impl_(std::move(impl)), rank_(rank), size_(size), cuda_aware_(cuda_aware), backend_(std::move(backend)) {}
 
   const nb::object& impl() const { return impl_.get(); }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  shardopt::Device device() const { return device_; }
+  bool cuda_aware() const { return cuda_aware_; }
   const std::string& backend() const { return backend_; }
 
   void check_usable(const char* op) const {
@@ -119,7 +129,7 @@ class State {
   PyRef impl_;
   const int rank_;
   const int size_;
-  const shardopt::Device device_;
+  const bool cuda_aware_;
   const std::string backend_;
   mutable std::mutex mutex_;
   std::string unusable_;  // empty while usable
@@ -149,6 +159,29 @@ class PythonPending final : public PendingCollective {
   bool done_ = false;
 };
 
+// Where a buffer lives, as the CUDA driver says (libcuda, loaded on first use, so that the module
+// needs no CUDA toolkit): device memory (or managed) is cuda:<ordinal>, anything else the host.
+shardopt::Device locate(const void* p) {
+  using GetAttribute = int (*)(void* data, int attribute, unsigned long long pointer);
+  static const GetAttribute get_attribute = [] {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return driver == nullptr ? nullptr : reinterpret_cast<GetAttribute>(dlsym(driver, "cuPointerGetAttribute"));
+  }();
+  constexpr int kMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+  constexpr int kDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+  constexpr unsigned kDeviceMemory = 2;  // CU_MEMORYTYPE_DEVICE
+  if (get_attribute == nullptr || p == nullptr) return shardopt::Device::cpu();
+  const auto pointer = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p));
+  unsigned memory_type = 0;
+  // Plain host memory is unknown to the driver: an error, which means the host.
+  if (get_attribute(&memory_type, kMemoryType, pointer) != 0 || memory_type != kDeviceMemory) {
+    return shardopt::Device::cpu();
+  }
+  int ordinal = 0;
+  if (get_attribute(&ordinal, kDeviceOrdinal, pointer) != 0) return shardopt::Device::cpu();
+  return shardopt::Device::cuda(ordinal);
+}
+
 // The library's buffer as a one-dimensional DLPack array (uint8 for byte). It owns nothing (its
 // owner, None, only tells nanobind not to copy): the collective's caller keeps the memory alive.
 nb::object buffer_array(const void* data, int64_t count, DType dtype, shardopt::Device device) {
@@ -168,11 +201,10 @@ class PythonCommunicator final : public Communicator {
 
   int rank() const override { return state_->rank(); }
   int size() const override { return state_->size(); }
-  shardopt::Device device() const override { return state_->device(); }
+  // Host-timeline collectives (no stream is exposed), on device buffers too when CUDA-aware.
+  shardopt::Device device() const override { return shardopt::Device::cpu(); }
   const char* backend_name() const override { return state_->backend().c_str(); }
-  // Device buffers go to the Python side as they are; it finishes every collective on the host's
-  // timeline (no stream of its own is exposed).
-  bool cuda_aware() const override { return state_->device().is_cuda(); }
+  bool cuda_aware() const override { return state_->cuda_aware(); }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     broadcast_async(buffer, count, dtype, root)->wait();
@@ -251,7 +283,7 @@ class PythonCommunicator final : public Communicator {
 
  private:
   nb::object array(const void* data, int64_t count, DType dtype) const {
-    return buffer_array(data, count, dtype, state_->device());
+    return buffer_array(data, count, dtype, state_->cuda_aware() ? locate(data) : shardopt::Device::cpu());
   }
   template <typename Call>
   std::unique_ptr<PendingCollective> start(const char* op, Call&& call) {
@@ -392,20 +424,14 @@ void need_args(const nb::args& args, std::size_t at_least, std::size_t at_most, 
 std::shared_ptr<Communicator> python_communicator(nb::object impl) {
   const int rank = nb::cast<int>(impl.attr("rank")());
   const int size = nb::cast<int>(impl.attr("size")());
-  nb::tuple device = nb::cast<nb::tuple>(impl.attr("device")());
-  const std::string kind = nb::cast<std::string>(device[0]);
-  const int index = nb::cast<int>(device[1]);
+  const bool cuda_aware = nb::hasattr(impl, "cuda_aware") && nb::cast<bool>(impl.attr("cuda_aware")());
   std::string backend = nb::cast<std::string>(impl.attr("backend")());
   if (size < 1 || rank < 0 || rank >= size) {
     throw Error(ErrorCode::invalid_argument, "communicator: rank " + std::to_string(rank) + " of " +
                                                  std::to_string(size) + " is not a rank of the group");
   }
-  if (kind != "cpu" && kind != "cuda") {
-    throw Error(ErrorCode::unsupported, "communicator: device '" + kind + "' (expected 'cpu' or 'cuda')");
-  }
-  const shardopt::Device where = kind == "cuda" ? shardopt::Device::cuda(index) : shardopt::Device::cpu();
   return std::make_shared<PythonCommunicator>(
-      std::make_shared<State>(std::move(impl), rank, size, where, std::move(backend)));
+      std::make_shared<State>(std::move(impl), rank, size, cuda_aware, std::move(backend)));
 }
 
 void bind_collectives(nb::module_& m, nb::class_<Communicator>& cls) {

@@ -13,7 +13,7 @@ namespace shardopt_python {
 
 // A shardopt::Communicator whose collectives are the methods of the Python object `impl`
 // (see shardopt/_torch_comm.py for the protocol, which TorchDistCommunicator implements).
-// rank, size, device and backend are read once, here.
+// rank, size, backend and cuda_aware (optional: False) are read once, here.
 std::shared_ptr<shardopt::Communicator> python_communicator(nb::object impl);
 
 // Communicator.broadcast/all_gather/all_reduce/reduce_scatter/reduce (and *_async, returning a

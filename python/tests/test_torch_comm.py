@@ -48,7 +48,7 @@ def same_bits(a, b):
 
 def test_identity_of_the_torch_communicator():
     assert (TORCH.rank, TORCH.size) == (RANK, WORLD)
-    assert TORCH.backend == "torch.distributed (gloo)" and TORCH.device == "cpu"
+    assert TORCH.backend == "torch.distributed (gloo)" and TORCH.device == "cpu" and MPI.device == "cpu"
     assert "torch.distributed (gloo)" in repr(TORCH)
 
 
