@@ -24,17 +24,21 @@ SHARDOPT_IMPORT = "from shardopt.torch import ZeroRedundancyOptimizer"
 RANKS = 2
 TOLERANCE = 1e-6
 
-# Prints which communicator each rank's drop-in picked, then runs the script as __main__.
-ANNOUNCE = """
-import runpy, sys
-import shardopt.torch as drop_in
-original_init = drop_in.ZeroRedundancyOptimizer.__init__
-def announcing_init(self, *args, **kwargs):
-    original_init(self, *args, **kwargs)
-    print(f"rank {self.rank}: communicator: {self._zero.communicator.backend}", flush=True)
-drop_in.ZeroRedundancyOptimizer.__init__ = announcing_init
-script = sys.argv[1]
-sys.argv = sys.argv[1:]
+# Runs the script as __main__ with this rank's stdout in a file of its own (launchers may interleave
+# the ranks' lines), after making shardopt's drop-in print which communicator it picked.
+CAPTURE = """
+import os, runpy, sys
+output, script = sys.argv[1], sys.argv[2]
+rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+sys.stdout = open(f"{output}.{rank}", "w", buffering=1)
+if "from shardopt.torch import" in open(script).read():
+    import shardopt.torch as drop_in
+    original_init = drop_in.ZeroRedundancyOptimizer.__init__
+    def announcing_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        print(f"rank {self.rank}: communicator: {self._zero.communicator.backend}", flush=True)
+    drop_in.ZeroRedundancyOptimizer.__init__ = announcing_init
+sys.argv = sys.argv[2:]
 runpy.run_path(script, run_name="__main__")
 """
 
@@ -72,8 +76,9 @@ def mpirun(script_args):
             f"MASTER_PORT={free_port()}", sys.executable, *script_args]
 
 
-def run(name, command):
-    """Runs one launch; returns ({rank: params_sum}, {rank: communicator}) from its output."""
+def run(name, command, output):
+    """Runs one launch; returns ({rank: params_sum}, {rank: communicator}) from the ranks' output
+    files (output.<rank>)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_"))}
     start = time.monotonic()
     result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
@@ -81,27 +86,34 @@ def run(name, command):
     if result.returncode != 0:
         print(result.stdout, flush=True)
         raise AssertionError(f"{name}: exit status {result.returncode}")
-    sums = {int(r): float(v) for r, v in re.findall(r"rank (\d+): params sum is: (\S+)", result.stdout)}
-    comms = {int(r): c.strip() for r, c in re.findall(r"rank (\d+): communicator: (.+)", result.stdout)}
+    text = "".join(Path(f"{output}.{r}").read_text() for r in range(RANKS) if Path(f"{output}.{r}").exists())
+    sums = {int(r): float(v) for r, v in re.findall(r"^rank (\d+): params sum is: (\S+)$", text, re.M)}
+    comms = {int(r): c.strip() for r, c in re.findall(r"^rank (\d+): communicator: (.+)$", text, re.M)}
     print(f"{name}: {seconds:.1f} s, params sum {sums}, communicators {comms}", flush=True)
-    assert sorted(sums) == list(range(RANKS)), f"{name}: not every rank printed its params sum:\n{result.stdout}"
+    assert sorted(sums) == list(range(RANKS)), f"{name}: not every rank printed its params sum:\n{text}\n{result.stdout}"
     return sums, comms
 
 
 def main():
     with tempfile.TemporaryDirectory() as workdir:
         variant = shardopt_variant(workdir)
-        announce = Path(workdir) / "announce.py"
-        announce.write_text(ANNOUNCE)
-        reference, _ = run("torch's ZeroRedundancyOptimizer, torchrun", torchrun([str(TUTORIAL)], workdir))
+        capture = Path(workdir) / "capture.py"
+        capture.write_text(CAPTURE)
+        output = str(Path(workdir) / "torch")
+        reference, comms = run("torch's ZeroRedundancyOptimizer, torchrun",
+                               torchrun([str(capture), output, str(TUTORIAL)], workdir), output)
+        assert not comms, comms  # torch's own run never constructs shardopt's drop-in
         expected = reference[0]
         assert all(v == expected for v in reference.values()), reference
         failures = []
-        for name, command, backend in (
-            ("shardopt, torchrun", torchrun([str(announce), str(variant)], workdir), "torch.distributed (gloo)"),
-            ("shardopt, mpirun", mpirun([str(announce), str(variant)]), "mpi"),
+        for name, launcher, backend in (
+            ("shardopt, torchrun", "torchrun", "torch.distributed (gloo)"),
+            ("shardopt, mpirun", "mpirun", "mpi"),
         ):
-            sums, comms = run(name, command)
+            output = str(Path(workdir) / launcher)
+            script_args = [str(capture), output, str(variant)]
+            command = torchrun(script_args, workdir) if launcher == "torchrun" else mpirun(script_args)
+            sums, comms = run(name, command, output)
             if comms != {r: backend for r in range(RANKS)}:
                 failures.append(f"{name}: picked {comms}, expected {backend} on every rank")
             for rank, value in sums.items():
