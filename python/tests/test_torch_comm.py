@@ -6,6 +6,8 @@ torch.distributed (gloo) runs over the ranks mpirun started, beside MPI, so that
 communicators see the same inputs. Every rank runs every test in the same order.
 """
 import sys
+import time
+from datetime import timedelta
 
 try:
     import torch
@@ -185,6 +187,23 @@ def test_a_python_failure_is_a_comm_error_and_poisons_the_communicator():
     message = raises(lambda: timed_out.all_reduce(torch.ones(3), "max"), "timeout")
     assert "Timed out waiting 1000ms" in message, message
     raises(lambda: timed_out.all_reduce(torch.ones(3), "max"), "timeout")
+
+
+def test_a_torch_timeout_is_a_shardopt_timeout_on_the_rank_left_waiting():
+    """torch's process-group timeout is the communicator's: rank 0 all-reduces alone on a group
+    with a 2 s timeout and gets shardopt.Error(timeout) with gloo's message; the others wait."""
+    if WORLD < 2:
+        return
+    group = dist.new_group(ranks=list(range(WORLD)), timeout=timedelta(seconds=2))
+    comm = shardopt.torch_communicator(group)
+    if RANK == 0:
+        start = time.monotonic()
+        message = raises(lambda: comm.all_reduce(torch.ones(4), "sum"), "timeout")
+        assert 1.5 < time.monotonic() - start < 30, time.monotonic() - start
+        assert "all_reduce on rank 0 of" in message and "Timed out" in message, message
+        message = raises(lambda: comm.barrier(), "timeout")
+        assert "refused" in message and "timed out" in message, message
+    MPI.barrier()
 
 
 def test_split_forms_the_groups_mpi_forms():
