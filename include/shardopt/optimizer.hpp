@@ -112,6 +112,10 @@ struct OptimizerConfig {
   bool stochastic_rounding = false;
   uint64_t rounding_seed = 0;
   LossScaling loss_scaling;
+  // Join (uneven inputs): while some ranks are in join(), the averaged gradients are the sum
+  // over the ranks still active divided by their number (false), or by the world size (true,
+  // as DDP's divide_by_initial_world_size). Without joined ranks both divide by the world size.
+  bool divide_by_initial_world_size = false;
   // The optimizer-level hyperparameters (torch's `defaults`): what a group's unset fields take,
   // at construction and in add_param_group. Unset: default_hyperparams(algorithm).
   std::optional<Hyperparams> defaults;
@@ -254,6 +258,32 @@ class SHARDOPT_API ZeroOptimizer {
   // or step-count change (torch's optimizers skip a param whose .grad is None). Every rank must
   // name the same params; their gradient buffers are not read by the update.
   void step(const std::vector<ParamId>& without_grad);
+
+  // ---- Join: uneven inputs (torch's Join context and ZeroRedundancyOptimizer.join_hook) ----
+  // Collective, for a rank that has run out of inputs while others go on: until every rank has
+  // called join(), this rank follows the calls of the ranks still active and takes its part in
+  // them, so they can go on without it:
+  //  - reduce_gradients / reduce_gradient: it contributes zero gradients (its own buffers, or
+  //    with external storage the caller's registered gradient buffers, are zeroed), and the
+  //    average divides the sum by the number of ranks that contributed (or the world size with
+  //    config.divide_by_initial_world_size). At stage 2 with bucket view, while a rank is
+  //    joined the buckets are reduced when the round finishes, in bucket order, not as they
+  //    complete (every rank must issue them alike), which holds a whole gradient's staging.
+  //  - clip_grad_norm: its shard's gradient statistics.
+  //  - step: the same update of its own shard and the sync, with its own hyperparameters, loss
+  //    scale and layout, which must equal the active ranks' (Error(mismatch) on every rank
+  //    otherwise: do not change them until every rank has left join()).
+  // Any other collective call while a rank is in join() raises Error(invalid_argument) on every
+  // rank, naming the call and the joined rank. Who is active rides on each call's agreement
+  // record, so joining costs no collective of its own; at stage 2 with bucket view each round
+  // opens with one small agreement (at its first reduce_gradient) so that a joined rank can
+  // take part before any bucket is reduced. Returns once every rank is in join(); afterwards
+  // every rank holds the same parameters. Call it with no stage-2 round open.
+  void join();
+  // One part of join(): follows the active ranks' calls up to and including one step (true), or
+  // returns false once every rank is in join_step()/join(). For trainers whose own join loop
+  // calls a hook once per iteration (torch's Join).
+  bool join_step();
 
   MemoryReport memory_report() const;
 

@@ -266,6 +266,11 @@ typedef struct shardopt_optimizer_config {
   /* > 0 (bucket view, sharded): the step updates the shard in chunks of this many bytes and
    * starts each chunk's sync while the next is updated; 0 (default): update, then sync. */
   int64_t pipeline_chunk_bytes;
+  /* ---- appended later: the sizes of the earlier structs (through `pipeline_chunk_bytes`) are
+   * still accepted, and then leave this at its default ---- */
+  /* Join (shardopt_optimizer_join): 0 (default) divides the gradient sum by the ranks still
+   * active, 1 by the world size (DDP's divide_by_initial_world_size). */
+  int32_t divide_by_initial_world_size;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -288,6 +293,7 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->defaults = NULL;
   config->node_shared_params = 1;
   config->pipeline_chunk_bytes = 0;
+  config->divide_by_initial_world_size = 0;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors
@@ -497,6 +503,12 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_loss_scale(shardopt_optimizer_
 SHARDOPT_C_API shardopt_status shardopt_optimizer_set_loss_scale(shardopt_optimizer_t opt, double scale);
 /* Collective: updates this rank's shard, then syncs parameters to every rank. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_step(shardopt_optimizer_t opt);
+/* Collective, for a rank out of inputs (uneven inputs): until every rank has joined, follows the
+ * other ranks' gradient reductions, clipping and steps with zero gradients and its own shard's
+ * update, so they can go on; returns once every rank has joined. Any other collective call while
+ * a rank is joined fails with SHARDOPT_ERR_INVALID_ARGUMENT on every rank. See
+ * ZeroOptimizer::join() in shardopt/optimizer.hpp. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_join(shardopt_optimizer_t opt);
 /* What the last step did. `out->struct_size` must be set by the caller (shardopt_step_report_init). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_step_report* out);
 /* CUDA parameters: the cudaStream_t (as void*) all of the optimizer's device work runs on;

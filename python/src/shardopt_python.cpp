@@ -125,6 +125,7 @@ NB_MODULE(_shardopt, m) {
       .def_rw("bucket_bytes", &shardopt::OptimizerConfig::bucket_bytes)
       .def_rw("cpu_threads", &shardopt::OptimizerConfig::cpu_threads)
       .def_rw("node_shared_params", &shardopt::OptimizerConfig::node_shared_params)
+      .def_rw("divide_by_initial_world_size", &shardopt::OptimizerConfig::divide_by_initial_world_size)
       .def_prop_rw(
           "defaults", [](const shardopt::OptimizerConfig& c) { return c.defaults; },
           [](shardopt::OptimizerConfig& c, std::optional<shardopt::Hyperparams> d) { c.defaults = std::move(d); },

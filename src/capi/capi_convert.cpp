@@ -212,6 +212,9 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
     }
     result.pipeline_chunk_bytes = config->pipeline_chunk_bytes;
   }
+  if (newer_than<v5::optimizer_config>(config)) {
+    result.divide_by_initial_world_size = config->divide_by_initial_world_size != 0;
+  }
   return result;
 }
 

@@ -94,6 +94,10 @@ shardopt_status shardopt_optimizer_step(shardopt_optimizer_t opt) {
   return guard("shardopt_optimizer_step", [&] { checked_optimizer(opt, "opt").opt->step(); });
 }
 
+shardopt_status shardopt_optimizer_join(shardopt_optimizer_t opt) {
+  return guard("shardopt_optimizer_join", [&] { checked_optimizer(opt, "opt").opt->join(); });
+}
+
 shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_step_report* out) {
   return guard("shardopt_optimizer_last_step", [&] {
     shardopt_optimizer_s& o = checked_optimizer(opt, "opt");

@@ -44,6 +44,7 @@ struct Wire {
   uint64_t fields_hash = 0;
   uint64_t field_count = 0;
   uint64_t error_code = 0;  // 0: this rank's validation passed
+  uint64_t shadowing = 0;   // 1: this rank is in join() and follows the active ranks' call
   Payload payload{};
   char operation[56] = {};
   char error[952] = {};
@@ -68,31 +69,36 @@ std::string call_name(const Wire& w) {
   return name + "()";
 }
 
-// Rounds 2 and 3: names the first field where the lowest differing rank differs from rank 0.
+// Rounds 2 and 3: names the first field where the lowest differing rank differs from rank `ref`
+// (the lowest active one; ranks in join() are never compared).
 [[noreturn]] void raise_field_mismatch(Communicator& comm, const AgreementRecord& mine,
-                                       const std::vector<Wire>& all) {
+                                       const std::vector<Wire>& all, std::size_t ref) {
   uint64_t longest = 0;
   for (const Wire& w : all) longest = std::max(longest, w.field_count);
-  // Rank 0's per-field hashes, padded so every rank sends the same size.
+  // The reference rank's per-field hashes, padded so every rank sends the same size.
   std::vector<uint64_t> reference(longest, 0);
   const std::vector<uint64_t>& hashes = mine.hashes();
-  if (comm.rank() == 0) std::copy(hashes.begin(), hashes.end(), reference.begin());
-  if (longest > 0) broadcast_bytes(comm, reference.data(), static_cast<int64_t>(longest * sizeof(uint64_t)), 0);
+  if (static_cast<std::size_t>(comm.rank()) == ref) std::copy(hashes.begin(), hashes.end(), reference.begin());
+  if (longest > 0) {
+    broadcast_bytes(comm, reference.data(), static_cast<int64_t>(longest * sizeof(uint64_t)), static_cast<int>(ref));
+  }
 
   uint64_t first_diff = kNoDifference;
-  const uint64_t common = std::min<uint64_t>(hashes.size(), all[0].field_count);
-  for (uint64_t i = 0; i < common && first_diff == kNoDifference; ++i) {
-    if (hashes[i] != reference[i]) first_diff = i;
+  if (!mine.shadowing()) {
+    const uint64_t common = std::min<uint64_t>(hashes.size(), all[ref].field_count);
+    for (uint64_t i = 0; i < common && first_diff == kNoDifference; ++i) {
+      if (hashes[i] != reference[i]) first_diff = i;
+    }
+    if (first_diff == kNoDifference && hashes.size() != all[ref].field_count) first_diff = common;
   }
-  if (first_diff == kNoDifference && hashes.size() != all[0].field_count) first_diff = common;
   const std::vector<uint64_t> diffs = all_gather_records(comm, first_diff);
 
-  std::size_t culprit = 0;
-  for (std::size_t r = 1; r < diffs.size() && culprit == 0; ++r) {
+  std::size_t culprit = ref;
+  for (std::size_t r = ref + 1; r < diffs.size() && culprit == ref; ++r) {
     if (diffs[r] != kNoDifference) culprit = r;
   }
-  const std::string op = text_of(all[0].operation);
-  SHARDOPT_CHECK(culprit != 0, internal, "{}: the ranks' records differ but no differing field was found", op);
+  const std::string op = text_of(all[ref].operation);
+  SHARDOPT_CHECK(culprit != ref, internal, "{}: the ranks' records differ but no differing field was found", op);
   const uint64_t index = diffs[culprit];
 
   FieldText described;
@@ -103,16 +109,16 @@ std::string call_name(const Wire& w) {
     copy_text(described.value, fmt::format("nothing (it has {} fields)", mine.names().size()));
   }
   const std::vector<FieldText> texts = all_gather_records(comm, described);
-  const std::string name0 = text_of(texts[0].name);
+  const std::string name0 = text_of(texts[ref].name);
   const std::string name1 = text_of(texts[culprit].name);
-  const std::string value0 = text_of(texts[0].value);
+  const std::string value0 = text_of(texts[ref].value);
   const std::string value1 = text_of(texts[culprit].value);
   if (name0 == name1 || name1.empty() || name0.empty()) {
-    raise(ErrorCode::mismatch, "{}: ranks disagree on {}: rank 0 has {}, rank {} has {}", op,
-          name0.empty() ? name1 : name0, value0, culprit, value1);
+    raise(ErrorCode::mismatch, "{}: ranks disagree on {}: rank {} has {}, rank {} has {}", op,
+          name0.empty() ? name1 : name0, ref, value0, culprit, value1);
   }
-  raise(ErrorCode::mismatch, "{}: ranks disagree on {}: rank 0 has {} = {}, rank {} has {} = {}", op, name0, name0,
-        value0, culprit, name1, value1);
+  raise(ErrorCode::mismatch, "{}: ranks disagree on {}: rank {} has {} = {}, rank {} has {} = {}", op, name0, ref,
+        name0, value0, culprit, name1, value1);
 }
 
 }  // namespace
@@ -127,12 +133,17 @@ void AgreementRecord::fail(const Error& error) {
   if (!failure_) failure_ = error;
 }
 
-std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine) {
+int Agreed::active() const {
+  return static_cast<int>(std::count(shadowing.begin(), shadowing.end(), false));
+}
+
+Agreed agree_with_joined(Communicator& comm, const AgreementRecord& mine) {
   Wire wire;
   wire.operation_hash = fnv1a(mine.operation());
   wire.fields_hash = fnv1a(std::to_string(mine.hashes().size()));
   for (uint64_t h : mine.hashes()) wire.fields_hash = (wire.fields_hash ^ h) * 1099511628211ull;
   wire.field_count = mine.hashes().size();
+  wire.shadowing = mine.shadowing() ? 1 : 0;
   wire.payload = mine.payload();
   copy_text(wire.operation, mine.operation());
   if (mine.failed()) {
@@ -141,10 +152,16 @@ std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine) {
   }
   const std::vector<Wire> all = comm.size() > 1 ? all_gather_records(comm, wire) : std::vector<Wire>{wire};
 
-  for (std::size_t r = 1; r < all.size(); ++r) {
-    if (all[r].operation_hash != all[0].operation_hash) {
-      raise(ErrorCode::mismatch, "{}: ranks are in different calls: rank 0 is in {}, rank {} is in {}",
-            mine.operation(), call_name(all[0]), r, call_name(all[r]));
+  Agreed agreed;
+  std::size_t ref = all.size();
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    agreed.shadowing.push_back(all[r].shadowing != 0);
+    if (all[r].shadowing == 0 && ref == all.size()) ref = r;
+  }
+  for (std::size_t r = ref + 1; r < all.size(); ++r) {
+    if (all[r].shadowing == 0 && all[r].operation_hash != all[ref].operation_hash) {
+      raise(ErrorCode::mismatch, "{}: ranks are in different calls: rank {} is in {}, rank {} is in {}",
+            mine.operation(), ref, call_name(all[ref]), r, call_name(all[r]));
     }
   }
   if (mine.failed()) throw *mine.failure();
@@ -154,15 +171,34 @@ std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine) {
             text_of(all[r].error));
     }
   }
-  for (const Wire& w : all) {
-    if (w.fields_hash != all[0].fields_hash || w.field_count != all[0].field_count) {
-      raise_field_mismatch(comm, mine, all);
+  if (ref < all.size()) {
+    for (const Wire& w : all) {
+      if (w.shadowing == 0 && (w.fields_hash != all[ref].fields_hash || w.field_count != all[ref].field_count)) {
+        raise_field_mismatch(comm, mine, all, ref);
+      }
     }
+    agreed.operation = text_of(all[ref].operation);
+    agreed.reference = static_cast<int>(ref);
   }
-  std::vector<Payload> payloads;
-  payloads.reserve(all.size());
-  for (const Wire& w : all) payloads.push_back(w.payload);
-  return payloads;
+  agreed.payloads.reserve(all.size());
+  for (const Wire& w : all) agreed.payloads.push_back(w.payload);
+  return agreed;
+}
+
+void raise_if_joined(const Agreed& agreed, const std::string& operation) {
+  for (std::size_t r = 0; r < agreed.shadowing.size(); ++r) {
+    if (!agreed.shadowing[r]) continue;
+    raise(ErrorCode::invalid_argument,
+          "{}(): rank {} is in join() (out of inputs), which shadows only reduce_gradients, reduce_gradient, "
+          "clip_grad_norm and step; call {}() once every rank has left join()",
+          operation, r, operation);
+  }
+}
+
+std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine) {
+  Agreed agreed = agree_with_joined(comm, mine);
+  raise_if_joined(agreed, agreed.operation.empty() ? mine.operation() : agreed.operation);
+  return std::move(agreed.payloads);
 }
 
 void join_failed(Communicator& comm, const std::string& operation, const Error& error) noexcept {

@@ -48,6 +48,10 @@ class AgreementRecord {
     }
   }
   void set_payload(std::size_t slot, uint64_t value) { payload_.at(slot) = value; }
+  // This rank is in join(): it has no call of its own and follows whichever call the ranks
+  // still active are in (its operation and fields are not compared with theirs).
+  void set_shadowing() { shadowing_ = true; }
+  bool shadowing() const { return shadowing_; }
 
   const std::string& operation() const { return operation_; }
   bool failed() const { return failure_.has_value(); }
@@ -64,6 +68,16 @@ class AgreementRecord {
   std::vector<uint64_t> hashes_;
   std::optional<Error> failure_;
   Payload payload_{};
+  bool shadowing_ = false;
+};
+
+// What an agreement that joined ranks may shadow returns to every rank alike.
+struct Agreed {
+  std::vector<Payload> payloads;   // every rank's, in rank order
+  std::vector<bool> shadowing;     // which ranks are in join()
+  std::string operation;           // the active ranks' call ("" when every rank is in join())
+  int reference = 0;               // the lowest active rank (0 when every rank is in join())
+  int active() const;
 };
 
 // Collective over `comm`: every rank must call it (every shardopt entry point does, first).
@@ -74,7 +88,16 @@ class AgreementRecord {
 //  - Error(mismatch) "{op}: ranks disagree on {field}: rank a has {value}, rank b has {value}"
 //    for the first field where the lowest differing rank b differs from rank a = 0.
 // Otherwise returns every rank's payload, in rank order.
+// A rank in join() (a shadowing record) makes every rank raise Error(invalid_argument) naming
+// the call and the joined rank: only the calls that use agree_with_joined() are shadowed.
 std::vector<Payload> agree(Communicator& comm, const AgreementRecord& mine);
+// The same protocol where ranks in join() take part: the active ranks must be in the same call
+// with the same fields (compared against the lowest active rank); the shadowing ones only
+// contribute their payload and any validation failure, and learn the call.
+Agreed agree_with_joined(Communicator& comm, const AgreementRecord& mine);
+// Error(invalid_argument) on every rank when some rank of `agreed` is in join(): `operation`
+// (the active ranks' call) is not one that join() shadows.
+void raise_if_joined(const Agreed& agreed, const std::string& operation);
 
 // For a failure found before an entry point's own agreement could be built (a C ABI argument
 // or a Python object that could not even be read): joins the agreement of `operation` carrying

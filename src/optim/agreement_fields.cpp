@@ -89,6 +89,7 @@ void add_config_fields(const OptimizerConfig& config, comm::AgreementRecord& rec
   record.field("config.loss_scaling.backoff_factor", text(ls.backoff_factor));
   record.field("config.loss_scaling.growth_interval", text(ls.growth_interval));
   record.field("config.loss_scaling.min_scale", text(ls.min_scale));
+  record.field("config.divide_by_initial_world_size", text(config.divide_by_initial_world_size));
   record.field("config.defaults", config.defaults ? "set" : "unset");
   if (config.defaults) add_hyper_fields(*config.defaults, "config.defaults.", record);
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.hpp"
+#include "cpu/update_cpu.hpp"
 #include "optim/device_update.hpp"
 #include "comm/host_staging.hpp"
 
@@ -11,6 +12,7 @@ namespace shardopt {
 namespace optim {
 
 DeviceContext::DeviceContext(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {
+  divisor_ = comm_->size();
   if (!comm_->device().is_cuda()) return;
   stream_ = comm_->cuda_stream();
   SHARDOPT_CHECK(stream_ != nullptr, unsupported,
@@ -71,7 +73,12 @@ void DeviceContext::settle_before_collective() const {
 }
 
 void DeviceContext::finish_gradient_average(void* data, int64_t count, DType dtype) const {
-  if (host_driven_ && count > 0) divide_device(data, dtype, count, static_cast<float>(world()), stream_);
+  if (count <= 0 || (!host_driven_ && divisor_ == world())) return;
+  if (on_device()) {
+    divide_device(data, dtype, count, static_cast<float>(divisor_), stream_);
+  } else {
+    kernels::divide_cpu(data, dtype, count, static_cast<float>(divisor_), 1);
+  }
 }
 
 }  // namespace optim

@@ -46,8 +46,14 @@ class DeviceContext {
   void settle_before_collective() const;
   // Averaging gradients: avg, or (host-driven device collectives) sum and then
   // finish_gradient_average's division on the stream.
-  ReduceOp gradient_average_op() const { return host_driven_ ? ReduceOp::sum : ReduceOp::avg; }
+  ReduceOp gradient_average_op() const {
+    return host_driven_ || divisor_ != world() ? ReduceOp::sum : ReduceOp::avg;
+  }
   void finish_gradient_average(void* data, int64_t count, DType dtype) const;
+  // The number the gradient sums are divided by: the world size, or (Join) the number of ranks
+  // that contributed. Another divisor than the world size sums and then divides, exactly as the
+  // MPI communicator's avg does with its own size.
+  void set_gradient_divisor(int divisor) { divisor_ = divisor; }
 
  private:
   std::shared_ptr<Communicator> comm_;
@@ -55,6 +61,7 @@ class DeviceContext {
   void* stream_ = nullptr;
   device::OwnedStream own_stream_;
   bool host_driven_ = false;
+  int divisor_ = 0;  // set from the world size at construction
   std::unique_ptr<Communicator> host_staging_;
 };
 

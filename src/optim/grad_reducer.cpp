@@ -144,6 +144,7 @@ void GradReducer::finish_in_flight() {
 // All of a bucket's gradients are in: reduce each owner's piece to it.
 void GradReducer::issue_bucket(int index) {
   Bucket& b = buckets_[static_cast<std::size_t>(index)];
+  b.issued = true;
   if (in_flight_.size() >= kBucketsInFlight) {
     wait_bucket(in_flight_.front());
     in_flight_.erase(in_flight_.begin());
@@ -182,7 +183,7 @@ void GradReducer::hand_gradient(std::size_t i, const void* grad) {
                     element(const_cast<void*>(grad), pos - lo, dt), span_bytes(end - pos, dt));
     b.missing -= end - pos;
     pos = end;
-    if (b.missing == 0) issue_bucket(index);
+    if (b.missing == 0 && !deferred_) issue_bucket(index);
   }
   handed_[i] = true;
   ++handed_count_;
@@ -215,6 +216,20 @@ void GradReducer::hand(ParamId id, const TensorRef& grad) {
   dev_.synchronize("reduce_gradient");
 }
 
+void GradReducer::hand_zeros() {
+  const device::ScopedDevice scope(dev_.device());
+  const std::vector<ParamRecord>& params = table_.params();
+  int64_t largest = 0;
+  for (const ParamRecord& p : params) {
+    if (p.trainable) largest = std::max(largest, p.numel);
+  }
+  const core::FlatBuffer zeros = dev_.new_buffer(largest, shard_.dtype());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].trainable && !handed_[i]) hand_gradient(i, zeros.raw());
+  }
+  dev_.synchronize("reduce_gradient");  // the zeros are freed on return
+}
+
 // Every bucket must be complete; then the round is finished.
 uint64_t GradReducer::finish_round() {
   open_round_if_needed();
@@ -224,6 +239,11 @@ uint64_t GradReducer::finish_round() {
                    "reduce_gradients(): rank {} never handed the gradient of '{}' with reduce_gradient() in this "
                    "round (every trainable parameter must be handed, on every rank, in the same order)",
                    dev_.rank(), params[i].name);
+  }
+  for (std::size_t index = 0; index < buckets_.size(); ++index) {
+    // Deferred buckets start here, in bucket order (those without a trainable element never do).
+    const Bucket& b = buckets_[index];
+    if (!b.issued && b.slot >= 0) issue_bucket(static_cast<int>(index));
   }
   finish_in_flight();
   dev_.finish_gradient_average(shard_.shard_grads().raw(), shard_.shard_grads().numel(), shard_.dtype());

@@ -27,6 +27,14 @@ class GradReducer {
   // Forgets buckets, hand-overs and staging (for a layout change, which needs no open round).
   void reset();
   int64_t staging_bytes() const;
+  // Stage 2 while a peer is in join(): buckets are reduced when the round finishes, in bucket
+  // order, instead of as hand-overs complete them, so a joined rank (which hands zeros in its
+  // own order) issues the same collectives in the same order. Set at the start of a round.
+  void set_deferred(bool deferred) { deferred_ = deferred; }
+  // Whether a stage-2 round has had a hand-over (reduce_gradients() has not finished it yet).
+  bool round_started() const { return handed_count_ > 0; }
+  // A rank in join(): hands a zero gradient for every trainable param, in registration order.
+  void hand_zeros();
 
  private:
   struct Bucket {
@@ -34,6 +42,7 @@ class GradReducer {
     int64_t length = 0;
     int64_t missing = 0;  // trainable elements not handed yet
     int slot = -1;        // staging buffer in use, -1 until the first hand-over
+    bool issued = false;  // its reduces were started
     std::vector<std::unique_ptr<PendingCollective>> pending;  // its reduces, once issued
   };
   static constexpr std::size_t kBucketsInFlight = 2;
@@ -63,6 +72,7 @@ class GradReducer {
   std::vector<bool> handed_;    // per param, this round
   int64_t handed_count_ = 0;
   uint64_t handed_order_ = 0;
+  bool deferred_ = false;
 };
 
 }  // namespace optim

@@ -9,6 +9,7 @@
 #include "cpu/cpu_isa.hpp"
 #include "optim/agreement_fields.hpp"
 #include "optim/hyperparams.hpp"
+#include "optim/join.hpp"
 #include "optim/memory_budget.hpp"
 #include "optim/zero_optimizer_impl.hpp"
 
@@ -37,16 +38,8 @@ std::vector<comm::Payload> agree(ZeroOptimizer::Impl& im, const AgreementRecord&
   return comm::agree(im.dev.host_comm(), record);
 }
 
-// The hyperparameters every step must agree on, checked as they stand now.
-void add_step_fields(ZeroOptimizer::Impl& im, AgreementRecord& record) {
-  for (int g = 0; g < im.table.num_groups(); ++g) {
-    const Hyperparams& h = im.table.groups()[static_cast<std::size_t>(g)];
-    record.validate([&] { optim::validate_hyperparams(h, im.config.algorithm, g); });
-    optim::add_group_fields(h, g, record);
-  }
-  record.field("loss scale", fmt::format("{}", im.step.loss_scale()));
-  // Layout changes are collective, so equal versions mean equal layouts (and trainable flags).
-  record.field("layout version", fmt::format("{}", im.shard.layout_version()));
+comm::Agreed agree_joinable(ZeroOptimizer::Impl& im, const AgreementRecord& record) {
+  return comm::agree_with_joined(im.dev.host_comm(), record);
 }
 
 // The record a checkpoint call starts with: host state, no open stage-2 round.
@@ -199,19 +192,30 @@ void* ZeroOptimizer::cuda_stream() const { return impl_->dev.stream(); }
 
 void ZeroOptimizer::reduce_gradients() try {
   Impl& im = *impl_;
-  agree(im, AgreementRecord("reduce_gradients"));
+  // Ranks in join() contribute zeros; the average divides by the ranks that contributed.
+  optim::prepare_reduction(im, agree_joinable(im, AgreementRecord("reduce_gradients")));
   const uint64_t order = im.reducer.reduce_all();
   if (!im.shard.stage2()) return;
   // Buckets handed in another order on some rank were matched with the wrong collectives:
   // refuse the round on every rank rather than step on mixed-up gradients.
   AgreementRecord handed("reduce_gradients");
   handed.field("gradient hand-over order", fmt::format("the reduce_gradient() calls hashing to {:#018x}", order));
-  agree(im, handed);
+  agree_joinable(im, handed);
 } catch (const Error& e) {
   raise_within("reduce_gradients", e);
 }
 
-void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) { impl_->reducer.hand(id, grad); }
+void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) try {
+  Impl& im = *impl_;
+  if (im.shard.stage2() && im.shard.bucket_view() && !im.reducer.round_started()) {
+    // A round opens with a small agreement: it tells the ranks in join() to hand zeros, and
+    // every rank which ranks contribute, before any bucket is reduced.
+    optim::prepare_reduction(im, agree_joinable(im, AgreementRecord("reduce_gradient")));
+  }
+  im.reducer.hand(id, grad);
+} catch (const Error& e) {
+  raise_within("reduce_gradient", e);
+}
 
 double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) try {
   Impl& im = *impl_;
@@ -230,14 +234,11 @@ double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) try {
     record.set_payload(0, comm::double_bits(mine.value));
     record.set_payload(1, mine.nonfinite ? 1 : 0);
   });
-  const std::vector<comm::Payload> payloads = agree(im, record);
-  // Replicated state: every rank's runs cover every gradient, so its own value is the total.
-  std::vector<kernels::GradStats> parts;
-  for (std::size_t r = 0; r < payloads.size(); ++r) {
-    if (!im.shard.sharded() && static_cast<int>(r) != im.dev.rank()) continue;
-    parts.push_back(kernels::GradStats{comm::bits_double(payloads[r][0]), payloads[r][1] != 0});
-  }
-  return im.step.arm_clip(max_norm, inf_norm, parts);
+  // The arguments ride along for the ranks in join(), which shadow this call.
+  record.set_payload(2, comm::double_bits(max_norm));
+  record.set_payload(3, comm::double_bits(norm_type));
+  const comm::Agreed agreed = agree_joinable(im, record);
+  return im.step.arm_clip(max_norm, inf_norm, optim::clip_parts(im, agreed, inf_norm));
 } catch (const Error& e) {
   raise_within("clip_grad_norm", e);
 }
@@ -261,7 +262,7 @@ void ZeroOptimizer::step(const std::vector<ParamId>& without_grad) try {
   // A background save may still be reading the values this step changes (async_save.hpp).
   im.async_save.wait_for_sources();
   AgreementRecord record("step");
-  add_step_fields(im, record);
+  optim::add_step_fields(im, record);
   // Which params sit this step out must agree, or ranks would update different shards.
   std::vector<ParamId> sitting_out = without_grad;
   std::sort(sitting_out.begin(), sitting_out.end());
@@ -277,13 +278,39 @@ void ZeroOptimizer::step(const std::vector<ParamId>& without_grad) try {
     im.reducer.check_no_open_round("step");
     record.set_payload(0, im.step.local_nonfinite() ? 1 : 0);
   });
+  // For ranks in join(): how many params sit out, and the state they must step with.
+  record.set_payload(1, sitting_out.size());
+  record.set_payload(optim::kStepStateHash, optim::step_state_hash(im));
   const auto start = std::chrono::steady_clock::now();
+  const comm::Agreed agreed = agree_joinable(im, record);
+  optim::check_shadows_step_state(agreed);
   bool any_nonfinite = false;
-  for (const comm::Payload& p : agree(im, record)) any_nonfinite = any_nonfinite || p[0] != 0;
+  bool any_joined = false;
+  for (std::size_t r = 0; r < agreed.payloads.size(); ++r) {
+    const comm::Payload& p = agreed.payloads[r];
+    any_joined = any_joined || agreed.shadowing[r];
+    any_nonfinite = any_nonfinite || (agreed.shadowing[r] ? (p[optim::kShadowFlags] & 2u) != 0 : p[0] != 0);
+  }
+  if (any_joined && !sitting_out.empty()) {
+    // The ranks in join() learn which params sit out from the lowest active rank.
+    im.dev.host_comm().broadcast(sitting_out.data(), static_cast<int64_t>(sitting_out.size() * sizeof(ParamId)),
+                                 DType::byte, agreed.reference);
+  }
   for (ParamId id : sitting_out) im.table.param(id).sits_out_step = true;  // Step::run clears them
   im.step.run(any_nonfinite, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 } catch (const Error& e) {
   raise_within("step", e);
+}
+
+bool ZeroOptimizer::join_step() try {
+  return optim::shadow_until_step(*impl_);
+} catch (const Error& e) {
+  raise_within("join", e);
+}
+
+void ZeroOptimizer::join() {
+  while (join_step()) {
+  }
 }
 
 double ZeroOptimizer::step(const std::function<double()>& closure) {

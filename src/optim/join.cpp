@@ -1,0 +1,159 @@
+// src/optim/join.cpp — a rank in join() shadowing the active ranks' reductions, clipping and steps, and the divisor of their gradient average.
+#include "optim/join.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/check.hpp"
+#include "optim/agreement_fields.hpp"
+#include "optim/hyperparams.hpp"
+
+namespace shardopt {
+namespace optim {
+namespace {
+
+comm::Agreed agree_shadowing(ZeroOptimizer::Impl& im, comm::AgreementRecord& record) {
+  record.set_shadowing();
+  return comm::agree_with_joined(im.dev.host_comm(), record);
+}
+
+// The record a rank in join() offers before it knows the active ranks' call: every number any
+// shadowed call may need from it.
+comm::AgreementRecord shadow_record(ZeroOptimizer::Impl& im, bool first) {
+  comm::AgreementRecord record("join");
+  record.validate([&] {
+    // Within a pass the round this rank opened by handing zeros stays open until the active
+    // ranks finish it; the caller must not come in with one of its own.
+    if (first) im.reducer.check_no_open_round("join");
+    const kernels::GradStats two = im.step.local_grad_stats(false);
+    const kernels::GradStats inf = im.step.local_grad_stats(true);
+    record.set_payload(kShadowNormTwo, comm::double_bits(two.value));
+    record.set_payload(kShadowNormInf, comm::double_bits(inf.value));
+    record.set_payload(kShadowFlags, (inf.nonfinite ? 1u : 0u) | (im.step.local_nonfinite() ? 2u : 0u));
+    record.set_payload(kStepStateHash, step_state_hash(im));
+  });
+  return record;
+}
+
+// reduce_gradients (stage 1, external storage) or the end of a stage-2 round: zeros in, the
+// same collectives as the active ranks.
+void shadow_reduce_gradients(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
+  prepare_reduction(im, agreed);
+  if (!(im.shard.stage2() && im.shard.bucket_view())) {
+    // Zero gradients: its own (bucket view) or the caller's registered buffers (external).
+    for (std::size_t i = 0; i < im.table.size(); ++i) {
+      const int64_t n = im.table.params()[i].numel;
+      if (n > 0) im.dev.zero_bytes(im.shard.grad_ptr(i), span_bytes(n, im.table.dtype()));
+    }
+  }
+  im.reducer.reduce_all();
+  if (!im.shard.stage2()) return;
+  comm::AgreementRecord handed("reduce_gradients");
+  agree_shadowing(im, handed);  // the active ranks' hand-over order check
+}
+
+void shadow_step(ZeroOptimizer::Impl& im, const comm::Agreed& agreed, double agree_seconds) {
+  check_shadows_step_state(agreed);
+  bool any_nonfinite = false;
+  for (std::size_t r = 0; r < agreed.payloads.size(); ++r) {
+    const comm::Payload& p = agreed.payloads[r];
+    any_nonfinite = any_nonfinite || (agreed.shadowing[r] ? (p[kShadowFlags] & 2u) != 0 : p[0] != 0);
+  }
+  // The params the active ranks step without a gradient: their count rides in slot 1, the ids
+  // come from the reference rank.
+  const uint64_t sitting_out = agreed.payloads[static_cast<std::size_t>(agreed.reference)][1];
+  std::vector<ParamId> ids(static_cast<std::size_t>(sitting_out));
+  if (!ids.empty()) {
+    im.dev.host_comm().broadcast(ids.data(), static_cast<int64_t>(ids.size() * sizeof(ParamId)), DType::byte,
+                                 agreed.reference);
+  }
+  for (ParamId id : ids) im.table.param(id).sits_out_step = true;
+  im.step.run(any_nonfinite, agree_seconds);
+}
+
+}  // namespace
+
+void add_step_fields(ZeroOptimizer::Impl& im, comm::AgreementRecord& record) {
+  for (int g = 0; g < im.table.num_groups(); ++g) {
+    const Hyperparams& h = im.table.groups()[static_cast<std::size_t>(g)];
+    record.validate([&] { validate_hyperparams(h, im.config.algorithm, g); });
+    add_group_fields(h, g, record);
+  }
+  record.field("loss scale", fmt::format("{}", im.step.loss_scale()));
+  // Layout changes are collective, so equal versions mean equal layouts (and trainable flags).
+  record.field("layout version", fmt::format("{}", im.shard.layout_version()));
+}
+
+uint64_t step_state_hash(ZeroOptimizer::Impl& im) {
+  comm::AgreementRecord record("step");
+  add_step_fields(im, record);
+  uint64_t h = comm::fnv1a("step state");
+  for (uint64_t field : record.hashes()) h = (h ^ field) * 1099511628211ull;
+  return h;
+}
+
+void check_shadows_step_state(const comm::Agreed& agreed) {
+  const uint64_t expected = agreed.payloads[static_cast<std::size_t>(agreed.reference)][kStepStateHash];
+  for (std::size_t r = 0; r < agreed.payloads.size(); ++r) {
+    SHARDOPT_CHECK(!agreed.shadowing[r] || agreed.payloads[r][kStepStateHash] == expected, mismatch,
+                   "step: rank {} is in join() with other hyperparameters, loss scale or layout than the active "
+                   "rank {}: a rank in join() steps with the values it had when it joined, so they must not change "
+                   "until every rank has left join()",
+                   r, agreed.reference);
+  }
+}
+
+std::vector<kernels::GradStats> clip_parts(ZeroOptimizer::Impl& im, const comm::Agreed& agreed, bool inf_norm) {
+  std::vector<kernels::GradStats> parts;
+  for (std::size_t r = 0; r < agreed.payloads.size(); ++r) {
+    // Replicated state: every rank's runs cover every gradient, so its own value is the total.
+    if (!im.shard.sharded() && static_cast<int>(r) != im.dev.rank()) continue;
+    const comm::Payload& p = agreed.payloads[r];
+    if (agreed.shadowing[r]) {
+      parts.push_back({comm::bits_double(p[inf_norm ? kShadowNormInf : kShadowNormTwo]), (p[kShadowFlags] & 1u) != 0});
+    } else {
+      parts.push_back({comm::bits_double(p[0]), p[1] != 0});
+    }
+  }
+  return parts;
+}
+
+void prepare_reduction(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
+  const int active = agreed.active();
+  im.dev.set_gradient_divisor(im.config.divide_by_initial_world_size ? im.dev.world() : active);
+  im.reducer.set_deferred(active < im.dev.world());
+}
+
+bool shadow_until_step(ZeroOptimizer::Impl& im) {
+  for (bool first = true;; first = false) {
+    comm::AgreementRecord record = shadow_record(im, first);
+    const auto start = std::chrono::steady_clock::now();
+    const comm::Agreed agreed = agree_shadowing(im, record);
+    if (agreed.active() == 0) return false;
+    const std::string& op = agreed.operation;
+    if (op == "reduce_gradients") {
+      shadow_reduce_gradients(im, agreed);
+    } else if (op == "reduce_gradient") {
+      // A stage-2 round opened by the active ranks' first hand-over: zeros for every param.
+      prepare_reduction(im, agreed);
+      im.reducer.hand_zeros();
+    } else if (op == "clip_grad_norm") {
+      // The factor is armed from every rank's statistics alike; this rank's were in its record.
+      const comm::Payload& ref = agreed.payloads[static_cast<std::size_t>(agreed.reference)];
+      const double max_norm = comm::bits_double(ref[2]);
+      const bool inf_norm = std::isinf(comm::bits_double(ref[3]));
+      const std::vector<kernels::GradStats> parts = clip_parts(im, agreed, inf_norm);
+      im.step.arm_clip(max_norm, inf_norm, parts);
+    } else if (op == "step") {
+      im.async_save.wait_for_sources();
+      shadow_step(im, agreed, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      return true;
+    } else {
+      comm::raise_if_joined(agreed, op);
+    }
+  }
+}
+
+}  // namespace optim
+}  // namespace shardopt
