@@ -1018,3 +1018,55 @@ TEST_CASE("node_shared_params: one parameter buffer per node, or one per rank wh
     REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
   }
 }
+
+// ---- Join -----------------------------------------------------------------------------------------
+
+namespace {
+
+// Rank r takes 1 + r steps through the C ABI, then joins; returns its parameters.
+std::vector<std::vector<float>> uneven_c_run(const CommHandle& comm, int32_t divide_by_world) {
+  const std::vector<int64_t> sizes = {37, 5, 128};
+  Model32 model(sizes);
+  shardopt_optimizer_config config;
+  shardopt_optimizer_config_init(&config);
+  config.algorithm = SHARDOPT_ALGORITHM_ADAMW;
+  config.bucket_bytes = 64;
+  config.divide_by_initial_world_size = divide_by_world;
+  shardopt_optimizer_t opt = create(comm, config, model.group());
+  for (int step = 0; step < 1 + comm.rank(); ++step) {
+    for (int32_t id = 0; id < static_cast<int32_t>(sizes.size()); ++id) {
+      shardopt_tensor view{};
+      REQUIRE(shardopt_optimizer_grad_view(opt, id, &view) == SHARDOPT_OK);
+      float* g = static_cast<float*>(view.data);
+      for (int64_t i = 0; i < view.numel; ++i) g[i] = exact_grad(id, step, i, comm.rank());
+    }
+    REQUIRE(shardopt_optimizer_reduce_gradients(opt) == SHARDOPT_OK);
+    REQUIRE(shardopt_optimizer_step(opt) == SHARDOPT_OK);
+  }
+  const shardopt_status joined = shardopt_optimizer_join(opt);
+  INFO(last_error());
+  REQUIRE(joined == SHARDOPT_OK);
+  std::vector<std::vector<float>> params;
+  for (int32_t id = 0; id < static_cast<int32_t>(sizes.size()); ++id) params.push_back(param_values<float>(opt, id));
+  shardopt_optimizer_destroy(opt);
+  return params;
+}
+
+}  // namespace
+
+TEST_CASE("join through the C ABI: uneven steps leave every rank with the same parameters", "[capi][join]") {
+  CommHandle comm;
+  const std::vector<std::vector<float>> by_active = uneven_c_run(comm, 0);
+  // Rank 0's values reach every rank bit for bit: each rank compares its own with them.
+  for (const std::vector<float>& p : by_active) {
+    std::vector<float> root = p;
+    shardopt_test::world()->broadcast(root.data(), static_cast<int64_t>(root.size()), shardopt::DType::f32, 0);
+    CHECK(shardopt_test::bitwise_equal(root, p));
+  }
+  if (comm.size() > 1) {
+    // The divisor option travels in the appended config field.
+    const std::vector<std::vector<float>> by_world = uneven_c_run(comm, 1);
+    CHECK_FALSE(shardopt_test::bitwise_equal(by_world[0], by_active[0]));
+  }
+}
+
