@@ -20,6 +20,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from ._shardopt import Communicator, OptimizerConfig, PartitionStrategy, Storage, ZeroOptimizer, mpi_world
 from ._torch_comm import torch_communicator
@@ -59,7 +60,19 @@ def _communicator(process_group):
     return torch_communicator(process_group)
 
 
-class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+class _ZeroJoinHook(JoinHook):
+    """torch's Join hook for the drop-in: while other ranks still train, each iteration this rank
+    takes its part in their optimizer step (its shard's update with the gradients DDP's own join
+    hook left in .grad, and the parameter sync)."""
+
+    def __init__(self, zero):
+        self.zero = zero
+
+    def main_hook(self):
+        self.zero._shadow_step()
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     """torch.distributed.optim.ZeroRedundancyOptimizer over shardopt (SGD, Adam, AdamW).
 
     ``param_groups`` are torch's dicts, live: a value changed there (by hand or by an
@@ -96,6 +109,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.process_group = process_group
         self.rank, self.world_size = comm.rank, comm.size
         super().__init__(params, full_defaults)
+        Joinable.__init__(self)
         config = OptimizerConfig(
             algorithm=self._algorithm,
             partition=PartitionStrategy.sorted_greedy,  # torch's assignment of params to ranks
@@ -143,10 +157,37 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         """Collective: updates this rank's shard and syncs the parameters to every rank."""
+        Join.notify_join_context(self)  # inside torch's Join: this rank has not joined (yet)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._zero.step(without_grad=self._gather_grads())
+        return loss
+
+    def _shadow_step(self):
+        """In torch's Join, once this rank is out of inputs: follows one step of the others."""
+        self._gather_grads()
+        self._zero.join_step()
+
+    # ---- Join (uneven inputs) -----------------------------------------------------------------
+
+    def join_hook(self, **kwargs):
+        """torch's Join hook: a rank out of inputs keeps taking its part in the others' steps.
+        Its hyperparameters must stay as the active ranks' (an LR scheduler stepped only on them
+        makes the step fail on every rank, naming the joined rank). No keyword arguments."""
+        return _ZeroJoinHook(self)
+
+    @property
+    def join_device(self):
+        return self._params[0].device if self._params else torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def _gather_grads(self):
+        """The params' .grad into the buffers shardopt reads; returns the indices without one."""
         self._sync_hyperparams()
         without_grad = []
         for index, (p, buffer) in enumerate(zip(self._params, self._grads)):
@@ -160,8 +201,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             else:
                 buffer.copy_(p.grad)
                 self._zeroed.discard(index)
-        self._zero.step(without_grad=without_grad)
-        return loss
+        return without_grad
 
     # ---- state dicts --------------------------------------------------------------------------
 

@@ -271,6 +271,11 @@ NB_MODULE(_shardopt, m) {
       .def("zero_grad", [](Opt& s) { s.opt->zero_grad(); }, nb::call_guard<nb::gil_scoped_release>())
       .def("reduce_gradients", [](Opt& s) { s.opt->reduce_gradients(); }, nb::call_guard<nb::gil_scoped_release>(),
            "Collective: averages gradients over the ranks (skip it under DDP).")
+      .def("join", [](Opt& s) { s.opt->join(); }, nb::call_guard<nb::gil_scoped_release>(),
+           "Collective, for a rank out of inputs: follows the other ranks' gradient reductions (with zero\n"
+           "gradients), clipping and steps until every rank has joined (ZeroOptimizer::join()).")
+      .def("join_step", [](Opt& s) { return s.opt->join_step(); }, nb::call_guard<nb::gil_scoped_release>(),
+           "One iteration of join(): True once a step was followed, False when every rank has joined.")
       .def(
           "step",
           [](Opt& s, nb::object closure, std::vector<shardopt::ParamId> without_grad) -> nb::object {

@@ -280,6 +280,52 @@ def test_frozen_params_and_add_param_group():
     assert largest_difference(model, reference_model) <= TOLERANCE
 
 
+def _train_uneven(model, opt):
+    """Rank r trains 2 + r batches under torch's Join with DDP and the optimizer."""
+    from torch.distributed.algorithms.join import Join
+
+    with Join([model, opt]):
+        for step in range(2 + RANK):
+            train_step(model, opt, step)
+
+
+def test_join_hook_trains_uneven_inputs_as_torch_zero_does():
+    ours_model = tutorial_model()
+    theirs_model = copy.deepcopy(ours_model)
+    before = copy.deepcopy(ours_model)
+    ours_ddp, theirs_ddp = DDP(ours_model), DDP(theirs_model)
+    ours = ZeroRedundancyOptimizer(ours_ddp.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    theirs = TorchZero(theirs_ddp.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    _train_uneven(ours_ddp, ours)
+    _train_uneven(theirs_ddp, theirs)
+    assert largest_difference(ours_model, before) > 1e-3  # it trained
+    worst = largest_difference(ours_model, theirs_model)
+    assert agree_everywhere(worst <= TOLERANCE), worst
+    # Every rank, joined early or not, ends with the same parameters.
+    flat = torch.cat([p.detach().reshape(-1) for p in ours_model.parameters()])
+    first = flat.clone()
+    dist.broadcast(first, 0)
+    assert agree_everywhere(torch.equal(first, flat))
+
+
+def test_join_hook_refuses_an_lr_changed_only_on_the_joined_rank():
+    if WORLD < 2:
+        return
+    from torch.distributed.algorithms.join import Join
+
+    model = DDP(tutorial_model())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    failure = None
+    try:
+        with Join([model, opt]):
+            for step in range(2 + RANK):
+                opt.param_groups[0]["lr"] = 0.1 / (step + 1)  # a schedule the joined rank no longer follows
+                train_step(model, opt, step)
+    except (shardopt.Error, RuntimeError) as e:
+        failure = str(e)
+    assert agree_everywhere(failure is not None and "is in join() with other hyperparameters" in failure), failure
+
+
 def main():
     from support import run_tests
 
