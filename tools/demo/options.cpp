@@ -41,6 +41,11 @@ const char* const usage_text =
     "  --width N                           features per layer (default 2000)\n"
     "  --batch N                           samples per rank per step (default 20)\n"
     "  --steps N                           optimizer steps per mode (default 5)\n"
+    "  --uneven                            uneven inputs: rank r trains --steps + r batches,\n"
+    "                                      then calls join() (it takes its part in the others'\n"
+    "                                      steps with zero gradients); the average divides by\n"
+    "                                      the ranks still training. step_ms_median is then\n"
+    "                                      timed without the barriers around each step\n"
     "  --seed N                            seed of the parameters and data (default 0)\n"
     "  --storage bucket_view|external      who owns the param/grad buffers (default bucket_view)\n"
     "  --threads N                         OpenBLAS and optimizer threads per rank (default 1)\n"
@@ -241,6 +246,9 @@ Options parse_options(int argc, char** argv) {
     } else if (option == "--verbose") {
       flag();
       options.verbose = true;
+    } else if (option == "--uneven") {
+      flag();
+      options.uneven = true;
     } else if (option == "--check-gradients") {
       flag();
       options.check_gradients = true;
@@ -303,6 +311,9 @@ Options parse_options(int argc, char** argv) {
     } else {
       throw UsageError("unknown option '" + std::string(argv[i]) + "'");
     }
+  }
+  if (options.uneven && options.local_sgd.enabled) {
+    throw UsageError("--uneven does not apply to --local-sgd (PostLocalSGDOptimizer has no join())");
   }
   if (options.check_gradients) {
     if (!options.layers_given) options.layers = 3;

@@ -47,6 +47,7 @@ struct Options {
   int threads = 1;
   bool verbose = false;
   bool check_gradients = false;
+  bool uneven = false;  // rank r trains --steps + r batches, then joins (Join)
   std::string save_dir;    // empty: no checkpoint written
   std::string resume_dir;  // empty: start from the seeded initial values
   LocalSgdOptions local_sgd;

@@ -216,7 +216,12 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   const int64_t replica_bytes_before = replica_counter->bytes;
   const shardopt::CommunicationCounts local_before =
       post_local ? post_local->communication() : shardopt::CommunicationCounts{};
-  for (int step = 0; step < options.steps; ++step) {
+  // --uneven: this rank's share of the data runs out after steps + rank batches; join() then
+  // takes its part in the others' steps. The demo's own collectives (the barriers around the
+  // timed step, the verbose loss) would meet join()'s agreements, so they are left out.
+  const int my_steps = options.uneven ? options.steps + rank : options.steps;
+  const bool own_collectives = !options.uneven;
+  for (int step = 0; step < my_steps; ++step) {
     refresh_views();
     // The backward pass overwrites the gradients, so no zero_grad() is needed.
     loss = mlp.forward_backward(net, input.data(), target.data(), layer_done);
@@ -225,18 +230,18 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
 
     // Time step() alone, between barriers, as one times torch's opt.step(): the update of
     // this rank's shard plus (sharded) the parameter sync (local SGD: and the averaging).
-    comm.barrier();
+    if (own_collectives) comm.barrier();
     const auto start = std::chrono::steady_clock::now();
     step_optimizer();
     const auto stop = std::chrono::steady_clock::now();
-    comm.barrier();
+    if (own_collectives) comm.barrier();
     step_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
     if (half) {
       refresh_views();
       widen_params();
     }
 
-    if (options.verbose) {
+    if (options.verbose && own_collectives) {
       float mean_loss = static_cast<float>(loss);
       comm.all_reduce(&mean_loss, 1, DType::f32, shardopt::ReduceOp::avg);
       if (rank == 0) {
@@ -258,6 +263,8 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
       }
     }
   }
+
+  if (options.uneven) opt.join();  // returns once every rank is out of batches
 
   const int64_t world_bytes = world_counter->bytes - world_bytes_before;
   const int64_t replica_bytes = replica_counter->bytes - replica_bytes_before;
