@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 #include <string>
@@ -14,8 +15,15 @@ namespace shardopt {
 namespace comm {
 namespace {
 
-// NCCL's soname: the ABI shardopt is compiled against (nccl.h of NCCL 2.x).
+// NCCL's soname: the ABI shardopt is compiled against (nccl.h of NCCL 2.x). The environment
+// variable SHARDOPT_NCCL_LIBRARY names another file (a path, e.g. the libnccl.so.2 of a pip
+// package, or another name for the loader to search).
 constexpr const char* kNcclLibrary = "libnccl.so.2";
+
+std::string nccl_library_name() {
+  const char* chosen = std::getenv("SHARDOPT_NCCL_LIBRARY");
+  return chosen != nullptr && *chosen != '\0' ? chosen : kNcclLibrary;
+}
 
 // The NCCL functions shardopt calls, with nccl.h's own types.
 struct NcclTable {
@@ -46,18 +54,20 @@ struct Loaded {
 // NCCL's threads and communicators live until the process exits.
 Loaded load() {
   Loaded loaded;
-  void* handle = dlopen(kNcclLibrary, RTLD_NOW | RTLD_LOCAL);
+  const std::string library = nccl_library_name();
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
-    loaded.failure = fmt::format("{} (install NCCL 2.18 or newer, or put the directory holding {} "
-                                 "on LD_LIBRARY_PATH)", why != nullptr ? why : kNcclLibrary, kNcclLibrary);
+    loaded.failure = fmt::format("{} (install NCCL 2.18 or newer, put the directory holding {} on "
+                                 "LD_LIBRARY_PATH, or name the file in SHARDOPT_NCCL_LIBRARY)",
+                                 why != nullptr ? why : library, kNcclLibrary);
     return loaded;
   }
   const auto resolve = [&](auto& slot, const char* name) {
     if (!loaded.failure.empty()) return;
     void* symbol = dlsym(handle, name);
     if (symbol == nullptr) {
-      loaded.failure = fmt::format("{} has no {} (shardopt needs NCCL 2.18 or newer)", kNcclLibrary, name);
+      loaded.failure = fmt::format("{} has no {} (shardopt needs NCCL 2.18 or newer)", library, name);
       return;
     }
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(symbol);

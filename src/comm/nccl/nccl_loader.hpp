@@ -9,8 +9,8 @@
 namespace shardopt {
 namespace comm {
 
-// Loads libnccl.so.2 and resolves every NCCL function shardopt uses, once per process (thread
-// safe). Error(unsupported), naming `who` and what is missing (dlopen's own words: the library
+// Loads libnccl.so.2 (or the file SHARDOPT_NCCL_LIBRARY names) and resolves every NCCL
+// function shardopt uses, once per process (thread safe). Error(unsupported), naming `who` and what is missing (dlopen's own words: the library
 // not found, or a function an old NCCL lacks), when that fails; every later call says the same.
 void require_nccl_library(const char* who);
 
