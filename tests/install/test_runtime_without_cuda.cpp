@@ -95,6 +95,10 @@ void check_nccl(bool missing) {
     // The library loads and every function shardopt uses resolves; what fails after that (no
     // device here) is not about loading NCCL.
     expect(!contains(what, "NCCL cannot be loaded"), "the installed libnccl.so.2 has every function shardopt uses");
+    if (!loadable("libcuda.so.1")) {
+      expect(code == ErrorCode::cuda && contains(what, "no CUDA driver on this machine"),
+             "nccl_world without a driver names the missing driver");
+    }
   } else {
     std::printf("skipped: no libnccl.so.2 on this machine\n");
   }

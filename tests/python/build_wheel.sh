@@ -13,8 +13,9 @@ work=$2
 mkdir -p "$work"
 
 tools="$work/build-tools"
+source "$(dirname "$0")/choose_python.sh"
 if [[ ! -x "$tools/bin/python" ]]; then
-  python3 -m venv "$tools"
+  "$base_python" -m venv "$tools"
 fi
 "$tools/bin/python" -m pip install --quiet --disable-pip-version-check scikit-build-core nanobind
 

@@ -16,10 +16,7 @@ mkdir -p "$work"
 # that torch was built against, so pip installs no other numpy). Elsewhere, any python3 does;
 # the torch tests then skip unless that interpreter has torch.
 venv="$work/venv"
-base_python=python3
-if [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
-  base_python=/usr/bin/python3
-fi
+source "$(dirname "$0")/choose_python.sh"
 # A venv from an earlier run that cannot see the system's torch is made afresh.
 if [[ -x "$venv/bin/python" && "$base_python" == /usr/bin/python3 ]] && ! "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   rm -rf "$venv"

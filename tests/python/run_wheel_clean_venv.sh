@@ -11,7 +11,8 @@ wheels=("$work"/dist/shardopt-*.whl)
 
 venv="$work/clean-venv"
 rm -rf "$venv"
-python3 -m venv "$venv"
+source "$(dirname "$0")/choose_python.sh"
+"$base_python" -m venv "$venv"  # without --system-site-packages
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${wheels[0]}"
 # Clean means clean: the system's torch must not be visible.
 if "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then

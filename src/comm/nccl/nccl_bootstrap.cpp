@@ -12,6 +12,7 @@
 #include "comm/nccl/nccl_state.hpp"
 #include "comm/watchdog.hpp"
 #include "core/check.hpp"
+#include "core/device_memory.hpp"
 #include "shardopt/nccl.hpp"
 
 namespace shardopt {
@@ -81,9 +82,10 @@ LocalSetup choose_device(int local_rank, int local_size, void* stream) {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
     cudaGetLastError();
-    setup.error = fmt::format("no CUDA device: {}", status != cudaSuccess
-                                                        ? cudaGetErrorString(status)
-                                                        : "cudaGetDeviceCount reported 0 devices");
+    // unusable_reason's words: it tells a missing driver from an unusable device.
+    const std::string reason = device::unusable_reason(Device::cuda(0));
+    setup.error = fmt::format("no CUDA device: {}",
+                              !reason.empty() ? reason : "cudaGetDeviceCount reported 0 devices");
     return setup;
   }
   if (stream != nullptr) {
