@@ -3,6 +3,7 @@
 
 #if SHARDOPT_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #endif
 
 #include "core/check.hpp"
@@ -22,6 +23,20 @@ void check(cudaError_t status, const char* what, Device device) {
 }
 
 cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// The CUDA runtime is linked statically and loads the driver itself; without one it reports
+// cudaErrorInsufficientDriver ("CUDA driver version is insufficient..."), which reads as if an
+// old driver were installed. "" when the driver loads; otherwise what is missing, in words.
+std::string missing_driver() {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver != nullptr) {
+    dlclose(driver);
+    return "";
+  }
+  const char* why = dlerror();
+  return fmt::format("no CUDA driver on this machine ({}); install the NVIDIA driver, or use the "
+                     "CPU", why != nullptr ? why : "libcuda.so.1 cannot be loaded");
+}
 
 }  // namespace
 
@@ -43,6 +58,10 @@ std::string unusable_reason(Device device) {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();
+    if (status == cudaErrorInsufficientDriver || status == cudaErrorNoDevice) {
+      std::string no_driver = missing_driver();
+      if (!no_driver.empty()) return no_driver;
+    }
     return fmt::format("no CUDA device is usable: {} ({})", cudaGetErrorString(status),
                        cudaGetErrorName(status));
   }

@@ -20,7 +20,8 @@ namespace device {
 bool cuda_compiled_in();
 
 // "" when `device` can be used from this process (the CPU always can); otherwise why not,
-// in CUDA's words ("CUDA driver version is insufficient for CUDA runtime version", ...).
+// in words: "no CUDA driver on this machine (libcuda.so.1: cannot open shared object file...)"
+// where the driver is missing, otherwise CUDA's ("no CUDA-capable device is detected", ...).
 std::string unusable_reason(Device device);
 
 // `bytes` of memory on CUDA device `device` (cudaMalloc), zero-filled by a cudaMemsetAsync on

@@ -8,9 +8,11 @@
 
 #include "comm/mpi/mpi_runtime.hpp"
 #include "comm/nccl/nccl_communicator.hpp"
+#include "comm/nccl/nccl_loader.hpp"
 #include "comm/nccl/nccl_state.hpp"
 #include "comm/watchdog.hpp"
 #include "core/check.hpp"
+#include "core/device_memory.hpp"
 #include "shardopt/nccl.hpp"
 
 namespace shardopt {
@@ -80,9 +82,10 @@ LocalSetup choose_device(int local_rank, int local_size, void* stream) {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
     cudaGetLastError();
-    setup.error = fmt::format("no CUDA device: {}", status != cudaSuccess
-                                                        ? cudaGetErrorString(status)
-                                                        : "cudaGetDeviceCount reported 0 devices");
+    // unusable_reason's words: it tells a missing driver from an unusable device.
+    const std::string reason = device::unusable_reason(Device::cuda(0));
+    setup.error = fmt::format("no CUDA device: {}",
+                              !reason.empty() ? reason : "cudaGetDeviceCount reported 0 devices");
     return setup;
   }
   if (stream != nullptr) {
@@ -203,6 +206,7 @@ bool nccl_compiled_in() { return true; }
 
 std::shared_ptr<Communicator> nccl_world(const CommOptions& options, void* stream) {
   comm::check_timeout_option(options, "nccl_world");
+  comm::require_nccl_library("nccl_world");
   // mpi_world() initialises MPI when nobody has; MPI then stays initialised until the process
   // exits. The bootstrap runs over MPI_COMM_WORLD, which needs MPI initialised.
   std::shared_ptr<Communicator> host = mpi_world(options);
@@ -213,6 +217,7 @@ std::shared_ptr<Communicator> nccl_borrow(const void* mpi_comm, const CommOption
                                           void* stream) {
   SHARDOPT_CHECK(mpi_comm != nullptr, invalid_argument, "nccl_borrow: the MPI_Comm pointer is null");
   comm::check_timeout_option(options, "nccl_borrow");
+  comm::require_nccl_library("nccl_borrow");
   int initialized = 0;
   MPI_Initialized(&initialized);
   SHARDOPT_CHECK(initialized, comm,

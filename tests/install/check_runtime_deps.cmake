@@ -1,0 +1,20 @@
+# tests/install/check_runtime_deps.cmake — fails if any of FILES lists the CUDA runtime, the driver or NCCL as a NEEDED library (they are linked statically or opened at run time).
+#
+#   cmake -DREADELF=readelf "-DFILES=a;b" -P check_runtime_deps.cmake
+foreach(file IN LISTS FILES)
+  execute_process(COMMAND ${READELF} -d ${file} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf -d ${file} failed (${rc})")
+  endif()
+  string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[[^]\n]*\\]" needed "${dynamic}")
+  if(NOT needed)
+    message(FATAL_ERROR "${file}: readelf shows no NEEDED entries at all; the check would prove nothing")
+  endif()
+  foreach(entry IN LISTS needed)
+    if(entry MATCHES "\\[(libcudart|libnccl|libcuda|libcublas|libnvrtc)")
+      message(FATAL_ERROR "${file} needs ${CMAKE_MATCH_0} at load time:\n${entry}")
+    endif()
+  endforeach()
+  list(LENGTH needed count)
+  message(STATUS "${file}: ${count} NEEDED, none of them CUDA or NCCL")
+endforeach()
