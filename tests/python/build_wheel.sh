@@ -19,9 +19,11 @@ if [[ ! -x "$tools/bin/python" ]]; then
 fi
 "$tools/bin/python" -m pip install --quiet --disable-pip-version-check scikit-build-core nanobind
 
-args=(-C "build-dir=$work/wheel-build")
+# The long option: Debian 12's pip (23.0) has --config-settings but not its short form -C.
+args=(--config-settings="build-dir=$work/wheel-build")
 if command -v ccache >/dev/null 2>&1; then
-  args+=(-C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  args+=(--config-settings=cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache
+         --config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 rm -rf "$work/dist"
 start=$SECONDS
