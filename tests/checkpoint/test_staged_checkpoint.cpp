@@ -1,0 +1,211 @@
+// tests/checkpoint/test_staged_checkpoint.cpp — save, load, consolidation and state dicts of CPU optimizers forced through the staging path that device optimizers take: the same bytes, bounded copies.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ckpt_models.hpp"
+#include "ckpt_test_support.hpp"
+#include "optim/zero_optimizer_impl.hpp"
+#include "shardopt/checkpoint.hpp"
+
+using namespace shardopt;
+using shardopt_test::all_params;
+using shardopt_test::all_steps;
+using shardopt_test::bitwise_equal;
+using shardopt_test::file_bytes;
+using shardopt_test::kSizes;
+using shardopt_test::make_optimizer;
+using shardopt_test::Model;
+using shardopt_test::scratch;
+using shardopt_test::shard_files;
+using shardopt_test::train;
+using shardopt_test::world;
+
+namespace {
+
+// Slot sizes that split tensors at odd places (one element, an odd count of bytes, a prime),
+// and one larger than any shard.
+const std::size_t kSlots[] = {4, 7, 4099, std::size_t{1} << 20};
+
+// Forces staging with `slot_bytes` slots (0: none) and returns the stats its engines add to.
+std::shared_ptr<checkpoint::CopyStats> stage(ZeroOptimizer& opt, std::size_t slot_bytes) {
+  checkpoint::StagingSettings& s = optimizer_internals(opt).staging;
+  s.slot_bytes = slot_bytes;
+  s.stats = std::make_shared<checkpoint::CopyStats>();
+  return s.stats;
+}
+
+// A safetensors file's data section (after the 8-byte length and the JSON header, which holds
+// the save's random id).
+std::string data_section(const std::string& path) {
+  const std::string bytes = file_bytes(path);
+  REQUIRE(bytes.size() >= 8);
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  REQUIRE(bytes.size() >= 8 + header);
+  return bytes.substr(8 + header);
+}
+
+// The copies of one checkpoint operation stayed within the slots, and the host staging it
+// allocated is two slots per engine.
+void require_bounded(const checkpoint::CopyStats& stats, std::size_t slot_bytes) {
+  REQUIRE(stats.engines >= 1);
+  REQUIRE(stats.max_call_bytes <= static_cast<int64_t>(slot_bytes));
+  REQUIRE(stats.staging_bytes == stats.engines * 2 * static_cast<int64_t>(slot_bytes));
+}
+
+OptimizerConfig config_of(Algorithm algorithm, bool sharded, Storage storage) {
+  OptimizerConfig c;
+  c.algorithm = algorithm;
+  c.partition = PartitionStrategy::sorted_greedy;
+  c.storage = storage;
+  c.shard_state = sharded;
+  c.bucket_bytes = 64;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a staged save writes the bytes of a direct save; a staged load restores them bitwise", "[staging]") {
+  const std::string direct_dir = scratch("staged_direct");
+  const std::string staged_dir = scratch("staged_staged");
+  for (const OptimizerConfig& config : {config_of(Algorithm::adamw, true, Storage::bucket_view),
+                                        config_of(Algorithm::sgd, true, Storage::external),
+                                        config_of(Algorithm::adam, false, Storage::bucket_view)}) {
+    for (std::size_t slot_bytes : kSlots) {
+      CAPTURE(algorithm_name(config.algorithm), config.shard_state, slot_bytes);
+      Model model(kSizes, 5);
+      auto opt = make_optimizer(world(), config, model, kSizes, /*freeze=*/true);
+      train(*opt, 0, 3);
+      opt->save(direct_dir);
+      auto saved = stage(*opt, slot_bytes);
+      opt->save(staged_dir);
+      const int writers = config.shard_state ? world()->size() : 1;
+      if (world()->rank() < writers) require_bounded(*saved, slot_bytes);
+      world()->barrier();
+      if (world()->rank() == 0) {
+        const std::vector<std::string> direct = shard_files(direct_dir), staged = shard_files(staged_dir);
+        REQUIRE(direct.size() == static_cast<std::size_t>(writers));
+        REQUIRE(staged.size() == direct.size());
+        for (std::size_t f = 0; f < direct.size(); ++f) {
+          CAPTURE(f);
+          REQUIRE(file_bytes(direct_dir + "/" + direct[f]).size() == file_bytes(staged_dir + "/" + staged[f]).size());
+          REQUIRE(data_section(direct_dir + "/" + direct[f]) == data_section(staged_dir + "/" + staged[f]));
+        }
+      }
+      world()->barrier();
+
+      // Loaded staged and directly into fresh optimizers: the same values, steps and training.
+      Model a_model(kSizes, 77), b_model(kSizes, 77);
+      auto direct_load = make_optimizer(world(), config, a_model, kSizes, false);
+      auto staged_load = make_optimizer(world(), config, b_model, kSizes, false);
+      direct_load->load(direct_dir);
+      auto loaded = stage(*staged_load, slot_bytes);
+      staged_load->load(staged_dir);
+      require_bounded(*loaded, slot_bytes);
+      if (optimizer_internals(*staged_load).shard.own_shard().numel > 0) REQUIRE(loaded->to_device_calls > 0);
+      REQUIRE(bitwise_equal(all_params(*staged_load), all_params(*opt)));
+      REQUIRE(all_steps(*staged_load) == all_steps(*opt));
+      train(*direct_load, 3, 5);
+      train(*staged_load, 3, 5);
+      REQUIRE(bitwise_equal(all_params(*staged_load), all_params(*direct_load)));
+    }
+  }
+}
+
+TEST_CASE("staged consolidation gives the dict of a one-slot consolidation; staged load_state_dict installs it bitwise",
+          "[staging][state_dict]") {
+  const int n = world()->size(), me = world()->rank();
+  for (Algorithm algorithm : {Algorithm::sgd, Algorithm::adam}) {
+    for (bool sharded : {true, false}) {
+      const OptimizerConfig config = config_of(algorithm, sharded, Storage::bucket_view);
+      Model model(kSizes, 9);
+      auto opt = make_optimizer(world(), config, model, kSizes, /*freeze=*/true);
+      train(*opt, 0, 3);
+      const int to = n - 1;
+      opt->consolidate_state_dict(to);
+      StateDict plain;
+      if (me == to) plain = opt->state_dict();
+      REQUIRE(plain.state.size() == (me == to ? kSizes.size() - 1 : 0u));
+      for (std::size_t slot_bytes : kSlots) {
+        CAPTURE(algorithm_name(algorithm), sharded, slot_bytes);
+        auto stats = stage(*opt, slot_bytes);
+        opt->consolidate_state_dict(to);
+        if (me == to) {
+          const StateDict got = opt->state_dict();
+          REQUIRE(got.param_names == plain.param_names);
+          REQUIRE(got.state.size() == plain.state.size());
+          for (const auto& [id, s] : plain.state) {
+            CAPTURE(id);
+            REQUIRE(got.state.at(id).step == s.step);
+            REQUIRE(got.state.at(id).tensors.size() == s.tensors.size());
+            for (const auto& [kind, values] : s.tensors) {
+              REQUIRE(bitwise_equal(got.state.at(id).tensors.at(kind), values));
+            }
+          }
+        } else {
+          REQUIRE_THROWS_AS(opt->state_dict(), Error);
+        }
+        // Senders stage their shard out; the target of a replicated state reads its own.
+        if (sharded ? n > 1 && me != to : me == to) require_bounded(*stats, slot_bytes);
+
+        // Everyone loads the dict (broadcast from the target through a save, as users would).
+        StateDict everyone = plain;
+        if (n > 1) {
+          // Only the target has the dict: rebuild it on the others through the one-rank reference.
+          auto solo = world()->split(me, 0);
+          Model solo_model(kSizes, 9);
+          auto single = make_optimizer(solo, config, solo_model, kSizes, true);
+          train(*single, 0, 3);
+          single->consolidate_state_dict(0);
+          everyone = single->state_dict();
+        }
+        Model direct_model(kSizes, 9), staged_model(kSizes, 9);
+        auto direct = make_optimizer(world(), config, direct_model, kSizes, true);
+        auto staged = make_optimizer(world(), config, staged_model, kSizes, true);
+        direct->load_state_dict(everyone);
+        auto installed = stage(*staged, slot_bytes);
+        staged->load_state_dict(everyone);
+        require_bounded(*installed, slot_bytes);
+        if (optimizer_internals(*staged).shard.own_shard().numel > 0) REQUIRE(installed->to_device_calls > 0);
+        train(*direct, 3, 5);
+        train(*staged, 3, 5);
+        REQUIRE(bitwise_equal(all_params(*staged), all_params(*direct)));
+      }
+    }
+  }
+}
+
+TEST_CASE("SHARDOPT_TEST_CKPT_STAGING_BYTES forces staging on CPU state", "[staging]") {
+  const std::string direct_dir = scratch("staged_env_direct");
+  const std::string staged_dir = scratch("staged_env_staged");
+  const OptimizerConfig config = config_of(Algorithm::adam, true, Storage::bucket_view);
+  Model model(kSizes, 3);
+  auto opt = make_optimizer(world(), config, model, kSizes, false);
+  train(*opt, 0, 2);
+  opt->save(direct_dir);
+  auto stats = std::make_shared<checkpoint::CopyStats>();
+  optimizer_internals(*opt).staging.stats = stats;
+  ::setenv("SHARDOPT_TEST_CKPT_STAGING_BYTES", "6", 1);
+  opt->save(staged_dir);
+  ::setenv("SHARDOPT_TEST_CKPT_STAGING_BYTES", "-1", 1);
+  auto [code, message] = shardopt_test::error_of([&] { opt->save(staged_dir); });
+  ::unsetenv("SHARDOPT_TEST_CKPT_STAGING_BYTES");
+  REQUIRE(code == ErrorCode::invalid_argument);
+  REQUIRE(message.find("SHARDOPT_TEST_CKPT_STAGING_BYTES='-1'") != std::string::npos);
+  // One engine for the staged save (the refused one never made its engine).
+  REQUIRE(stats->engines == 1);
+  REQUIRE(stats->max_call_bytes == (optimizer_internals(*opt).shard.own_shard().numel > 0 ? 4 : 0));  // one f32 per 6-byte slot
+  REQUIRE(stats->staging_bytes == 12);
+  if (world()->rank() == 0) {
+    const std::vector<std::string> direct = shard_files(direct_dir), staged = shard_files(staged_dir);
+    REQUIRE(direct.size() == staged.size());
+    for (std::size_t f = 0; f < direct.size(); ++f) {
+      REQUIRE(data_section(direct_dir + "/" + direct[f]) == data_section(staged_dir + "/" + staged[f]));
+    }
+  }
+  world()->barrier();
+}
