@@ -149,8 +149,17 @@ TEST_CASE("staged consolidation gives the dict of a one-slot consolidation; stag
         } else {
           REQUIRE_THROWS_AS(opt->state_dict(), Error);
         }
-        // Senders stage their shard out; the target of a replicated state reads its own.
-        if (sharded ? n > 1 && me != to : me == to) require_bounded(*stats, slot_bytes);
+        // One engine per rank: the target's peak is its state + two slots + the dict.
+        require_bounded(*stats, slot_bytes);
+        REQUIRE(stats->engines == 1);
+        REQUIRE(stats->to_device_calls == 0);
+        // Sharded, every rank stages its own shard out (to the others, or the target into its
+        // dict); replicated, only the target reads its state and the others copy nothing.
+        if (sharded || me == to) {
+          if (optimizer_internals(*opt).shard.own_shard().numel > 0) REQUIRE(stats->to_host_calls > 0);
+        } else {
+          REQUIRE(stats->to_host_calls == 0);
+        }
 
         // Everyone loads the dict (broadcast from the target through a save, as users would).
         StateDict everyone = plain;
@@ -208,4 +217,100 @@ TEST_CASE("SHARDOPT_TEST_CKPT_STAGING_BYTES forces staging on CPU state", "[stag
     }
   }
   world()->barrier();
+}
+
+namespace {
+
+// bf16 values: the upper half of seeded floats' bits (a truncation, always a valid bf16).
+std::vector<uint16_t> bf16_values(uint32_t seed, int64_t n) {
+  std::vector<uint16_t> out;
+  for (float f : shardopt_test::seeded_values(seed, n)) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, sizeof(bits));
+    out.push_back(static_cast<uint16_t>(bits >> 16));
+  }
+  return out;
+}
+
+struct Bf16Model {
+  std::vector<std::vector<uint16_t>> values;
+  explicit Bf16Model(uint32_t seed) {
+    for (std::size_t i = 0; i < kSizes.size(); ++i) values.push_back(bf16_values(seed + static_cast<uint32_t>(i), kSizes[i]));
+  }
+  std::unique_ptr<ZeroOptimizer> optimizer() {
+    OptimizerConfig config = config_of(Algorithm::adamw, true, Storage::bucket_view);
+    std::vector<ParamGroupSpec> groups(2);
+    groups[0].hyper = shardopt_test::busy_hyperparams(config.algorithm);
+    groups[1].hyper = groups[0].hyper;
+    groups[1].hyper.lr = *groups[1].hyper.lr * 0.5;
+    for (std::size_t i = 0; i < kSizes.size(); ++i) {
+      ParamSpec p;
+      p.name = "h" + std::to_string(i);
+      p.param = TensorRef{values[i].data(), kSizes[i], DType::bf16, Device::cpu()};
+      groups[i < kSizes.size() / 2 ? 0 : 1].params.push_back(p);
+    }
+    auto opt = std::make_unique<ZeroOptimizer>(world(), config, groups);
+    opt->set_trainable(static_cast<ParamId>(kSizes.size() - 2), false);
+    return opt;
+  }
+};
+
+void train_bf16(ZeroOptimizer& opt, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    for (ParamId id = 0; id < opt.num_params(); ++id) {
+      TensorRef g = opt.grad_view(id);
+      const auto values = bf16_values(2000u + static_cast<uint32_t>(s * 31 + id), g.numel);
+      if (g.numel > 0) std::memcpy(g.data, values.data(), g.nbytes());
+    }
+    opt.step();
+  }
+}
+
+std::vector<uint16_t> bf16_params(const ZeroOptimizer& opt) {
+  std::vector<uint16_t> out;
+  for (ParamId id = 0; id < opt.num_params(); ++id) {
+    const TensorRef v = opt.param_view(id);
+    const auto* p = static_cast<const uint16_t*>(v.data);
+    out.insert(out.end(), p, p + v.numel);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 parameters staged in pieces of odd element counts are widened and narrowed exactly", "[staging]") {
+  const std::string direct_dir = scratch("staged_bf16_direct");
+  const std::string staged_dir = scratch("staged_bf16_staged");
+  for (std::size_t slot_bytes : {std::size_t{6}, std::size_t{4099}}) {
+    CAPTURE(slot_bytes);
+    Bf16Model model(17);
+    auto opt = model.optimizer();
+    train_bf16(*opt, 0, 3);
+    opt->save(direct_dir);
+    auto saved = stage(*opt, slot_bytes);
+    opt->save(staged_dir);
+    require_bounded(*saved, slot_bytes);
+    world()->barrier();
+    if (world()->rank() == 0) {
+      const std::vector<std::string> direct = shard_files(direct_dir), staged = shard_files(staged_dir);
+      REQUIRE(direct.size() == static_cast<std::size_t>(world()->size()));
+      REQUIRE(staged.size() == direct.size());
+      for (std::size_t f = 0; f < direct.size(); ++f) {
+        REQUIRE(data_section(direct_dir + "/" + direct[f]) == data_section(staged_dir + "/" + staged[f]));
+      }
+    }
+    world()->barrier();
+    Bf16Model a_model(55), b_model(55);
+    auto direct_load = a_model.optimizer();
+    auto staged_load = b_model.optimizer();
+    direct_load->load(direct_dir);
+    stage(*staged_load, slot_bytes);
+    staged_load->load(staged_dir);
+    REQUIRE(bf16_params(*staged_load) == bf16_params(*opt));
+    train_bf16(*direct_load, 3, 5);
+    train_bf16(*staged_load, 3, 5);
+    train_bf16(*opt, 3, 5);
+    REQUIRE(bf16_params(*staged_load) == bf16_params(*direct_load));
+    REQUIRE(bf16_params(*staged_load) == bf16_params(*opt));  // the fp32 masters came back too
+  }
 }
