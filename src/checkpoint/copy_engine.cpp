@@ -58,10 +58,12 @@ namespace {
 class HostCopyEngine final : public CopyEngine {
  public:
   HostCopyEngine(std::size_t slot_bytes, std::shared_ptr<CopyStats> stats)
-      : CopyEngine(slot_bytes, std::move(stats)), memory_(kSlots * slot_bytes) {
-    count_allocation(memory_.size());
+      : CopyEngine(slot_bytes, std::move(stats)), memory_(kSlots * slot_stride(slot_bytes) / 64) {
+    count_allocation(memory_.size() * 64);
   }
-  char* slot(int slot_index) override { return memory_.data() + static_cast<std::size_t>(slot_index) * slot_bytes(); }
+  char* slot(int slot_index) override {
+    return reinterpret_cast<char*>(memory_.data()) + static_cast<std::size_t>(slot_index) * slot_stride(slot_bytes());
+  }
   void fence(int) override {}
   void wait(int) override {}
 
@@ -73,7 +75,11 @@ class HostCopyEngine final : public CopyEngine {
     std::memcpy(dst, slot_src, bytes);
   }
 
-  std::vector<char> memory_;
+  // Cache lines, so that the slots are 64-byte aligned as the CUDA engine's pinned ones.
+  struct alignas(64) Line {
+    char bytes[64];
+  };
+  std::vector<Line> memory_;
 };
 
 }  // namespace

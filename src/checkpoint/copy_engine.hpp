@@ -24,7 +24,7 @@ struct CopyStats {
   int64_t to_device_calls = 0;
   int64_t bytes_copied = 0;
   int64_t max_call_bytes = 0;  // never more than slot_bytes
-  int64_t staging_bytes = 0;   // host staging allocated by engines (kSlots * slot_bytes each)
+  int64_t staging_bytes = 0;   // host staging allocated by engines (kSlots * slot_stride each)
   int64_t engines = 0;         // engines created with these stats
 };
 
@@ -38,6 +38,9 @@ class CopyEngine {
   CopyEngine& operator=(const CopyEngine&) = delete;
 
   std::size_t slot_bytes() const { return slot_bytes_; }
+  // Distance between the slots in an engine's allocation: whole cache lines, so that each slot
+  // starts aligned for any element whatever slot_bytes is.
+  static std::size_t slot_stride(std::size_t slot_bytes) { return (slot_bytes + 63) / 64 * 64; }
   // Host memory of slot `slot` (pinned on a CUDA engine), slot_bytes() long.
   virtual char* slot(int slot) = 0;
 

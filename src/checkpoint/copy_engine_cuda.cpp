@@ -29,8 +29,9 @@ class CudaCopyEngine final : public CopyEngine {
         check(cudaEventCreateWithFlags(&events_[s], cudaEventDisableTiming), "cudaEventCreateWithFlags", device_);
       }
       // Pinned slots: cudaMemcpyAsync from pageable memory would run synchronously.
-      check(cudaHostAlloc(&pinned_, kSlots * slot_bytes, cudaHostAllocDefault), "cudaHostAlloc", device_);
-      count_allocation(kSlots * slot_bytes);
+      check(cudaHostAlloc(&pinned_, kSlots * slot_stride(slot_bytes), cudaHostAllocDefault), "cudaHostAlloc",
+            device_);
+      count_allocation(kSlots * slot_stride(slot_bytes));
       // The copies start after what the optimizer enqueued so far (its last step's update).
       check(cudaEventRecord(events_[0], static_cast<cudaStream_t>(after_stream)), "cudaEventRecord", device_);
       check(cudaStreamWaitEvent(stream_, events_[0], 0), "cudaStreamWaitEvent", device_);
@@ -41,7 +42,9 @@ class CudaCopyEngine final : public CopyEngine {
   }
   ~CudaCopyEngine() override { release(); }
 
-  char* slot(int slot_index) override { return static_cast<char*>(pinned_) + static_cast<std::size_t>(slot_index) * slot_bytes(); }
+  char* slot(int slot_index) override {
+    return static_cast<char*>(pinned_) + static_cast<std::size_t>(slot_index) * slot_stride(slot_bytes());
+  }
   void fence(int slot_index) override {
     const device::ScopedDevice scope(device_);
     check(cudaEventRecord(events_[slot_index], stream_), "cudaEventRecord", device_);

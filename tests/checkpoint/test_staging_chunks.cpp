@@ -1,6 +1,7 @@
 // tests/checkpoint/test_staging_chunks.cpp — the staging layer alone: chunk plans, stage_out / stage_in through the host copy engine, bounded copies and memory.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -77,7 +78,9 @@ TEST_CASE("stage_out delivers every region's bytes in order, in chunks no larger
     REQUIRE(stats->max_call_bytes <= static_cast<int64_t>(slot_bytes));
     REQUIRE(stats->bytes_copied == (37 * 2 + 101 * 4 + 3 * 4 + 5 * 2));
     REQUIRE(stats->to_device_calls == 0);
-    REQUIRE(stats->staging_bytes == static_cast<int64_t>(2 * slot_bytes));
+    // Two slots, each rounded up to whole cache lines so that both start 64-byte aligned.
+    REQUIRE(stats->staging_bytes == static_cast<int64_t>(2 * ((slot_bytes + 63) / 64 * 64)));
+    for (int s = 0; s < 2; ++s) REQUIRE(reinterpret_cast<std::uintptr_t>(engine->slot(s)) % 64 == 0);
     REQUIRE(stats->engines == 1);
     if (slot_bytes == 4) REQUIRE(chunks == 37 / 2 + 1 + 11 + 101 + 3 + 5 / 2 + 1);
     if (slot_bytes >= 37 * 2 + 11 * 4 + 101 * 4 + 3 * 4 + 5 * 2 + 2) REQUIRE(chunks == 1);
