@@ -315,3 +315,38 @@ TEST_CASE("bf16 parameters staged in pieces of odd element counts are widened an
     REQUIRE(bf16_params(*staged_load) == bf16_params(*opt));  // the fp32 masters came back too
   }
 }
+
+TEST_CASE("a staged load reshards a checkpoint of N ranks at every smaller world as a direct load does",
+          "[staging][reshard]") {
+  const int n = world()->size();
+  const std::string dir = scratch("staged_reshard");
+  const OptimizerConfig saved_config = config_of(Algorithm::adam, true, Storage::bucket_view);
+  Model model(kSizes, 23);
+  auto opt = make_optimizer(world(), saved_config, model, kSizes, /*freeze=*/true);
+  train(*opt, 0, 3);
+  opt->save(dir);
+  for (int k = 1; k <= n; ++k) {
+    for (PartitionStrategy partition : {PartitionStrategy::flat, PartitionStrategy::sorted_greedy}) {
+      CAPTURE(k, partition_name(partition));
+      auto comm = world()->split(world()->rank() < k ? 0 : 1, world()->rank());
+      if (world()->rank() < k) {
+        OptimizerConfig config = saved_config;
+        config.partition = partition;
+        Model a_model(kSizes, 61), b_model(kSizes, 61);
+        auto direct = make_optimizer(comm, config, a_model, kSizes, false);
+        auto staged = make_optimizer(comm, config, b_model, kSizes, false);
+        direct->load(dir);
+        auto stats = stage(*staged, 13);  // chunks of three floats: segments split everywhere
+        staged->load(dir);
+        require_bounded(*stats, 13);
+        REQUIRE(bitwise_equal(all_params(*staged), all_params(*opt)));
+        REQUIRE(bitwise_equal(all_params(*staged), all_params(*direct)));
+        REQUIRE(all_steps(*staged) == all_steps(*direct));
+        train(*direct, 3, 5);
+        train(*staged, 3, 5);
+        REQUIRE(bitwise_equal(all_params(*staged), all_params(*direct)));
+      }
+      world()->barrier();
+    }
+  }
+}
