@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "core/check.hpp"
@@ -58,7 +59,13 @@ namespace {
 class HostCopyEngine final : public CopyEngine {
  public:
   HostCopyEngine(std::size_t slot_bytes, std::shared_ptr<CopyStats> stats)
-      : CopyEngine(slot_bytes, std::move(stats)), memory_(kSlots * slot_stride(slot_bytes) / 64) {
+      : CopyEngine(slot_bytes, std::move(stats)) {
+    try {
+      memory_.resize(kSlots * slot_stride(slot_bytes) / 64);
+    } catch (const std::exception&) {  // bad_alloc, or length_error beyond what a vector can hold
+      raise(ErrorCode::out_of_memory, "out of memory: allocating two checkpoint staging slots of {} bytes",
+            slot_bytes);
+    }
     count_allocation(memory_.size() * 64);
   }
   char* slot(int slot_index) override {

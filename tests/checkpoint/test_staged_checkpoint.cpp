@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ckpt_models.hpp"
@@ -349,4 +350,26 @@ TEST_CASE("a staged load reshards a checkpoint of N ranks at every smaller world
       world()->barrier();
     }
   }
+}
+
+TEST_CASE("staging that cannot be allocated fails save and consolidation on every rank, then they work",
+          "[staging][errors]") {
+  const std::string dir = scratch("staged_no_memory");
+  const OptimizerConfig config = config_of(Algorithm::sgd, true, Storage::bucket_view);
+  Model model(kSizes, 31);
+  auto opt = make_optimizer(world(), config, model, kSizes, false);
+  train(*opt, 0, 2);
+  stage(*opt, std::size_t{1} << 50);  // two slots of a pebibyte each
+  auto [code, message] = shardopt_test::error_of([&] { opt->save(dir); });
+  REQUIRE(code == ErrorCode::out_of_memory);
+  REQUIRE(message.find("checkpoint staging slots of 1125899906842624 bytes") != std::string::npos);
+  std::tie(code, message) = shardopt_test::error_of([&] { opt->consolidate_state_dict(0); });
+  REQUIRE(code == ErrorCode::out_of_memory);
+  REQUIRE(message.find("checkpoint staging slots") != std::string::npos);
+  // Nothing was left behind: with staging possible again, both succeed.
+  stage(*opt, 4099);
+  opt->save(dir);
+  opt->consolidate_state_dict(0);
+  if (world()->rank() == 0) REQUIRE(opt->state_dict().state.size() == kSizes.size());  // every param stepped
+  REQUIRE(read_checkpoint_info(dir).num_files == world()->size());
 }
