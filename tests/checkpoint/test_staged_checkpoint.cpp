@@ -209,7 +209,8 @@ TEST_CASE("SHARDOPT_TEST_CKPT_STAGING_BYTES forces staging on CPU state", "[stag
   REQUIRE(message.find("SHARDOPT_TEST_CKPT_STAGING_BYTES='-1'") != std::string::npos);
   // One engine for the staged save (the refused one never made its engine).
   REQUIRE(stats->engines == 1);
-  REQUIRE(stats->max_call_bytes == (optimizer_internals(*opt).shard.own_shard().numel > 0 ? 4 : 0));  // one f32 per 6-byte slot
+  // One f32 element per 6-byte slot.
+  REQUIRE(stats->max_call_bytes == (optimizer_internals(*opt).shard.own_shard().numel > 0 ? 4 : 0));
   REQUIRE(stats->staging_bytes == 2 * 64);  // two 6-byte slots, a cache line each
   if (world()->rank() == 0) {
     const std::vector<std::string> direct = shard_files(direct_dir), staged = shard_files(staged_dir);
@@ -237,7 +238,9 @@ std::vector<uint16_t> bf16_values(uint32_t seed, int64_t n) {
 struct Bf16Model {
   std::vector<std::vector<uint16_t>> values;
   explicit Bf16Model(uint32_t seed) {
-    for (std::size_t i = 0; i < kSizes.size(); ++i) values.push_back(bf16_values(seed + static_cast<uint32_t>(i), kSizes[i]));
+    for (std::size_t i = 0; i < kSizes.size(); ++i) {
+      values.push_back(bf16_values(seed + static_cast<uint32_t>(i), kSizes[i]));
+    }
   }
   std::unique_ptr<ZeroOptimizer> optimizer() {
     OptimizerConfig config = config_of(Algorithm::adamw, true, Storage::bucket_view);
