@@ -35,6 +35,16 @@ int dtype_index(DType dtype) { return dtype == DType::f32 ? 0 : dtype == DType::
 // occupancy once per kernel).
 template <typename Query>
 int64_t one_wave_blocks(LaunchCache* cache, int slot, const Query& query, const char* what) {
+  // The occupancy first: its failure (no device, say) names the launch that asked.
+  int blocks_per_sm = cache != nullptr ? cache->blocks_per_sm(slot) : 0;
+  if (blocks_per_sm == 0) {
+    check_cuda(static_cast<cudaError_t>(query(&blocks_per_sm)), what);
+    if (blocks_per_sm <= 0) blocks_per_sm = 1;
+    if (cache != nullptr) {
+      cache->set_blocks_per_sm(slot, blocks_per_sm);
+      cache->count_query();
+    }
+  }
   int sms = cache != nullptr ? cache->sms() : 0;
   if (sms == 0) {
     int device = 0;
@@ -44,15 +54,6 @@ int64_t one_wave_blocks(LaunchCache* cache, int slot, const Query& query, const 
     if (sms <= 0) sms = 1;
     if (cache != nullptr) {
       cache->set_device(device, sms);
-      cache->count_query();
-    }
-  }
-  int blocks_per_sm = cache != nullptr ? cache->blocks_per_sm(slot) : 0;
-  if (blocks_per_sm == 0) {
-    check_cuda(static_cast<cudaError_t>(query(&blocks_per_sm)), what);
-    if (blocks_per_sm <= 0) blocks_per_sm = 1;
-    if (cache != nullptr) {
-      cache->set_blocks_per_sm(slot, blocks_per_sm);
       cache->count_query();
     }
   }

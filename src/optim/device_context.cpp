@@ -49,6 +49,7 @@ void DeviceContext::start_device_path(void* comm_stream) {
 DeviceContext::~DeviceContext() {
   if (ops_ == nullptr) return;
   host_staging_.reset();
+  outstanding_.reset();
   ops_->destroy_event(compute_ready_);
   ops_->destroy_event(comm_done_);
   ops_->destroy_stream(stream_);
@@ -95,7 +96,14 @@ void DeviceContext::zero_bytes(void* dst, std::size_t bytes) const {
 }
 
 void DeviceContext::synchronize(const char* what) const {
-  if (on_device()) ops_->synchronize(stream_, what);
+  if (!on_device()) return;
+  if (outstanding_) {
+    // The compute stream waits for these collectives anyway: waiting for them first costs
+    // nothing, and bounds the wait by the communicator's timeout.
+    const std::unique_ptr<PendingCollective> last = std::move(outstanding_);
+    last->wait();
+  }
+  ops_->synchronize(stream_, what);
 }
 
 void DeviceContext::settle_before_collective() const {
@@ -115,6 +123,10 @@ void DeviceContext::finish_collectives(std::vector<std::unique_ptr<PendingCollec
     // waits for nothing.
     ops_->record_event(comm_done_, comm_stream_);
     ops_->stream_wait_event(stream_, comm_done_);
+    // The last one finishes after all the others (one stream, in order): kept so that the next
+    // host wait first waits for it within the communicator's timeout (a missing peer then is
+    // Error(timeout), not a stream synchronisation that never returns).
+    if (!pending.empty()) outstanding_ = std::move(pending.back());
     pending.clear();
     return;
   }

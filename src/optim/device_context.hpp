@@ -57,7 +57,8 @@ class DeviceContext {
   // memcpy/memset on the host; on a device, enqueued on the compute stream.
   void copy_bytes(void* dst, const void* src, std::size_t bytes) const;
   void zero_bytes(void* dst, std::size_t bytes) const;
-  // Waits for the compute stream when the caller needs its results on the host.
+  // Waits for the compute stream when the caller needs its results on the host (first, within
+  // the communicator's timeout, for the collectives the compute stream was made to wait for).
   void synchronize(const char* what) const;
 
   // Before a collective on device buffers: a stream-ordered communicator's stream waits (on
@@ -95,6 +96,8 @@ class DeviceContext {
   void* comm_stream_ = nullptr;  // the communicator's (not ours to destroy)
   void* compute_ready_ = nullptr;  // recorded on the compute stream, waited on by the comm stream
   void* comm_done_ = nullptr;      // recorded on the comm stream, waited on by the compute stream
+  // The last collective finish_collectives let go, until a host wait waits for it.
+  mutable std::unique_ptr<PendingCollective> outstanding_;
   bool host_driven_ = false;
   int divisor_ = 0;  // set from the world size at construction
   std::unique_ptr<Communicator> host_staging_;
