@@ -223,11 +223,11 @@ void GradReducer::hand_zeros() {
   for (const ParamRecord& p : params) {
     if (p.trainable) largest = std::max(largest, p.numel);
   }
-  const core::FlatBuffer zeros = dev_.new_buffer(largest, shard_.dtype());
+  // Allocated once per layout (reset() drops it): a joined rank hands zeros every step.
+  if (zeros_.numel() < largest) zeros_ = dev_.new_buffer(largest, shard_.dtype());
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].trainable && !handed_[i]) hand_gradient(i, zeros.raw());
+    if (params[i].trainable && !handed_[i]) hand_gradient(i, zeros_.raw());
   }
-  dev_.synchronize("reduce_gradient");  // the zeros are freed on return
 }
 
 // Every bucket must be complete; then the round is finished.
@@ -272,6 +272,7 @@ void GradReducer::reset() {
   end_round();
   staging_.clear();
   staging_busy_.clear();
+  zeros_ = core::FlatBuffer();
 }
 
 int64_t GradReducer::staging_bytes() const {

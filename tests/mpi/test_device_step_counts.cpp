@@ -54,7 +54,13 @@ struct Parts {
   void train_step(int s, bool clip) {
     for (std::size_t i = 0; i < table.size(); ++i) {
       const std::vector<float> g = shardopt_test::seeded_values(static_cast<uint32_t>(1000 + 97 * s + i), kSizes[i]);
-      dev->copy_bytes(shard.grad_ptr(i), g.data(), g.size() * sizeof(float));
+      if (shard.stage2()) {
+        // As a backward hook would: each gradient handed as soon as it is ready.
+        reducer.hand(static_cast<ParamId>(i), TensorRef{const_cast<float*>(g.data()), kSizes[i], DType::f32,
+                                                        Device::cpu()});
+      } else {
+        dev->copy_bytes(shard.grad_ptr(i), g.data(), g.size() * sizeof(float));
+      }
     }
     reducer.reduce_all();
     if (clip) {
@@ -90,17 +96,18 @@ struct Parts {
   std::vector<std::vector<float>> initial;
 };
 
-OptimizerConfig config_for(int64_t pipeline_chunk_bytes) {
+OptimizerConfig config_for(int64_t pipeline_chunk_bytes, int stage) {
   OptimizerConfig config;
+  config.stage = stage;
   config.algorithm = Algorithm::adamw;
   config.bucket_bytes = 1024 * 4;  // several buckets and several chunks over these sizes
   config.pipeline_chunk_bytes = pipeline_chunk_bytes;
   return config;
 }
 
-void check_device_path(int64_t pipeline_chunk_bytes, bool clip) {
+void check_device_path(int64_t pipeline_chunk_bytes, bool clip, int stage = 1) {
   std::shared_ptr<Communicator> world = shardopt_test::world();
-  const OptimizerConfig config = config_for(pipeline_chunk_bytes);
+  const OptimizerConfig config = config_for(pipeline_chunk_bytes, stage);
   Parts plain(std::make_unique<optim::DeviceContext>(world), config);
   DeviceCallCounts counts;
   auto comm = std::make_shared<StreamReportingComm>(world);
@@ -130,6 +137,8 @@ void check_device_path(int64_t pipeline_chunk_bytes, bool clip) {
   CHECK(counts.events_created == 2);
   CHECK(counts.synchronizations - after_first.synchronizations == (clip ? steps : 0));
   CHECK(counts.launches > after_first.launches);
+
+  if (stage == 2) return;  // the reduction's events follow the hand-over order; counted above for stage 1
 
   // The ordering is on the device: each collective round is preceded by the compute stream's
   // event and followed by the communication stream's, exactly as many as the layout needs.
@@ -161,6 +170,7 @@ TEST_CASE("device path: no per-step allocation or host sync, bitwise the CPU pat
   SECTION("plain sync") { check_device_path(0, false); }
   SECTION("pipelined sync, two chunks in flight") { check_device_path(1024, false); }
   SECTION("pipelined sync with clipping: one host sync per norm") { check_device_path(1024, true); }
+  SECTION("stage 2: reduce_gradient per parameter, no host sync") { check_device_path(1024, false, 2); }
 }
 
 }  // namespace
