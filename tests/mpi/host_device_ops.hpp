@@ -143,18 +143,24 @@ class StreamReportingComm final : public shardopt::Communicator {
   }
   std::shared_ptr<shardopt::Communicator> split(int color, int key) override { return inner_->split(color, key); }
   int64_t groups() const { return groups_; }
+  int64_t host_waits() const { return host_waits_; }
 
  private:
+  // What the optimizer gets back: a wait on it is a host wait for a collective, which on NCCL
+  // would poll the collective's event from the host.
   struct Finished final : shardopt::PendingCollective {
-    void wait() override {}
+    explicit Finished(int64_t* waits) : waits_(waits) {}
+    void wait() override { ++*waits_; }
+    int64_t* waits_;
   };
-  static std::unique_ptr<shardopt::PendingCollective> done(std::unique_ptr<shardopt::PendingCollective> p) {
+  std::unique_ptr<shardopt::PendingCollective> done(std::unique_ptr<shardopt::PendingCollective> p) {
     p->wait();
-    return std::make_unique<Finished>();
+    return std::make_unique<Finished>(&host_waits_);
   }
   std::shared_ptr<shardopt::Communicator> inner_;
   int stream_token_ = 0;
   int64_t groups_ = 0;
+  int64_t host_waits_ = 0;
 };
 
 }  // namespace shardopt_test

@@ -120,6 +120,7 @@ void check_device_path(int64_t pipeline_chunk_bytes, bool clip, int stage = 1) {
   constexpr int kSteps = 4;
   DeviceCallCounts after_first;
   int64_t groups_after_first = 0;
+  int64_t waits_after_first = 0;
   for (int s = 0; s < kSteps; ++s) {
     plain.train_step(s, clip);
     device.train_step(s, clip);
@@ -127,6 +128,7 @@ void check_device_path(int64_t pipeline_chunk_bytes, bool clip, int stage = 1) {
     if (s == 0) {
       after_first = counts;
       groups_after_first = comm->groups();
+      waits_after_first = comm->host_waits();
     }
   }
   const int steps = kSteps - 1;
@@ -137,6 +139,10 @@ void check_device_path(int64_t pipeline_chunk_bytes, bool clip, int stage = 1) {
   CHECK(counts.events_created == 2);
   CHECK(counts.synchronizations - after_first.synchronizations == (clip ? steps : 0));
   CHECK(counts.launches > after_first.launches);
+  // Nor did the host wait for any collective (the device orders the reductions and the sync),
+  // except inside the norm's synchronisation: it first waits, within the communicator's
+  // timeout, for the last collective the compute stream depends on (the gradient reduction).
+  CHECK(comm->host_waits() - waits_after_first == (clip && world->size() > 1 ? steps : 0));
 
   if (stage == 2) return;  // the reduction's events follow the hand-over order; counted above for stage 1
 
@@ -147,7 +153,8 @@ void check_device_path(int64_t pipeline_chunk_bytes, bool clip, int stage = 1) {
   int64_t largest = 0;
   for (const partition::RankShard& shard : layout.shards) largest = std::max(largest, shard.numel);
   const int64_t bucket = optim::bucket_elements(config, DType::f32);
-  const int64_t reduce_rounds = world_size > 1 ? 1 : 0;  // stage 1: one settle before the all-reduces
+  // Stage 1: one settle before the all-reduces, one finish after them.
+  const int64_t reduce_rounds = world_size > 1 ? 2 : 0;
   int64_t sync_records = 0;
   int64_t sync_groups = 0;
   if (world_size > 1) {
