@@ -18,6 +18,7 @@ void ParamSync::broadcast_shards(Communicator& comm, void* buffer, const std::fu
     if (root_of(r) >= 0) largest = std::max(largest, layout.shards[static_cast<std::size_t>(r)].numel);
   }
   // Bucket by bucket, every rank's piece of that bucket in one group.
+  pending_.clear();  // what a failed exchange left (dropped, as its own handles would have been)
   for (int64_t begin = 0; begin < largest; begin += bucket) {
     parts_.clear();
     for (int r = 0; r < dev_.world(); ++r) {
@@ -113,6 +114,7 @@ void ParamSync::update_and_sync(const std::function<void(int64_t, int64_t)>& upd
   // while chunk k+1 is updated on the compute stream (they touch different elements); the host
   // only enqueues. Otherwise the host keeps two chunks in flight.
   constexpr std::size_t kChunksInFlight = 2;
+  pending_.clear();
   for (int64_t begin = 0; begin < largest; begin += chunk) {
     update(begin, begin + chunk);  // nothing past this rank's shard
     dev_.settle_before_collective();
