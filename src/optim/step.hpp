@@ -56,7 +56,7 @@ class Step {
   bool nonfinite_known_ = false;  // clip_grad_norm() already checked the gradients
   bool nonfinite_ = false;
   StepReport report_;
-  core::FlatBuffer stats_scratch_;  // on a device: two doubles of gradient statistics
+  core::FlatBuffer stats_scratch_;  // on a device: two doubles of gradient statistics, then the workspace
 };
 
 }  // namespace optim
