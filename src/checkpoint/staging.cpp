@@ -39,13 +39,15 @@ char* element_at(void* base, int64_t index, DType dtype) {
 
 std::unique_ptr<CopyEngine> staging_engine(const optim::DeviceContext& dev, const StagingSettings& settings) {
   const std::size_t forced = forced_slot_bytes(settings);
+  const std::size_t slot_bytes = forced != 0 ? forced : kDefaultStagingBytes;
   if (dev.on_device()) {
     // The host waits here, once, for the device work so far (and, within the communicator's
     // timeout, for collectives the optimizer's stream waits on): a dead peer then fails the
     // checkpoint with a timeout instead of leaving a staging copy waiting forever.
     dev.synchronize("checkpoint staging");
-    return make_device_copy_engine(dev.device(), dev.stream(), forced != 0 ? forced : kDefaultStagingBytes,
-                                   settings.stats);
+    if (dev.device().is_cuda()) return make_device_copy_engine(dev.device(), dev.stream(), slot_bytes, settings.stats);
+    // The device path over host memory (a host DeviceOps, in tests): host copies.
+    return make_host_copy_engine(slot_bytes, settings.stats);
   }
   if (forced == 0) return nullptr;
   return make_host_copy_engine(forced, settings.stats);
