@@ -85,12 +85,14 @@ void AsyncSave::finish(Communicator& comm) {
   SHARDOPT_CHECK(pending_, internal, "wait_save: no background save is pending");
   if (writer_.joinable()) writer_.join();
   pending_ = false;
+  ticket_.engine.reset();  // its staging memory is not needed until the next save
   finish_save(comm, ticket_, written_);
 }
 
 void AsyncSave::abandon() noexcept {
   if (writer_.joinable()) writer_.join();
   if (pending_) abandon_save(ticket_);
+  ticket_.engine.reset();
   pending_ = false;
 }
 

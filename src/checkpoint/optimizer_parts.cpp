@@ -1,4 +1,4 @@
-// src/checkpoint/optimizer_parts.cpp — checks shared by checkpoint loads and saves: host state, state kind names, same model.
+// src/checkpoint/optimizer_parts.cpp — checks shared by checkpoint loads and saves: state kind names, same model.
 #include "checkpoint/optimizer_parts.hpp"
 
 #include "core/check.hpp"
@@ -15,12 +15,6 @@ std::string describe_here(const optim::ParamRecord& p) {
 }
 
 }  // namespace
-
-void require_host_state(const optim::DeviceContext& dev, const char* what) {
-  SHARDOPT_CHECK(!dev.on_device(), unsupported,
-                 "{}: checkpoints of an optimizer whose parameters are on {} are not supported yet", what,
-                 device_name(dev.device()));
-}
 
 std::vector<std::string> state_kind_names(const optim::StateMask& kinds) {
   std::vector<std::string> names;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/manifest.hpp"
+#include "checkpoint/staging.hpp"
 #include "optim/device_context.hpp"
 #include "optim/param_table.hpp"
 #include "optim/shard_state.hpp"
@@ -25,10 +26,9 @@ struct OptimizerParts {
   optim::ParamTable& table;
   optim::ShardState& shard;
   optim::Step& step;
+  // State on a device (or, in tests, forced) moves through bounded staging (staging.hpp).
+  const StagingSettings& staging;
 };
-
-// Checkpoints move state through host memory: an optimizer on a CUDA device is refused.
-void require_host_state(const optim::DeviceContext& dev, const char* what);
 
 std::vector<std::string> state_kind_names(const optim::StateMask& kinds);
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,11 @@ struct SaveTicket {
   int64_t source_bytes = 0;          // of the data section: what the writer reads and writes
   int widen_threads = 0;             // for bf16/f16 values (config.cpu_threads; 1 in the background)
   Manifest manifest;                 // rank 0 only; files' bytes and CRCs filled in by finish_save
+  // Device state (or staging forced by a test): the sources are read through this engine in
+  // bounded chunks; null: read directly. Made at start_save, so its copies follow the work
+  // enqueued before the save on the optimizer's stream.
+  std::shared_ptr<CopyEngine> engine;
+  Outcome staging_failure;  // the engine could not be made: the write reports this
 };
 
 // Points of write_own_shard_file, reported to its observer in this order (kHalfWritten only when

@@ -24,9 +24,57 @@ struct PreparedLoad {
   optim::StateMask kinds{};
   int64_t shard_numel = 0;
   optim::StateBuffers state;
-  core::FlatBuffer params;  // this rank's shard of the parameter values
-  std::vector<std::vector<float>> frozen;  // per param; empty for trainable ones
+  // In the optimizer's memory (on its device when it has one), f32.
+  core::FlatBuffer params;             // this rank's shard of the parameter values
+  std::vector<core::FlatBuffer> frozen;  // per param; empty for trainable ones
 };
+
+// Elements [first, first + count) of this rank's shard of `tensor` into `out` (host): the
+// segments' values, zeros in the padding between them. Queued; the caller flushes.
+void read_shard_range(CheckpointReader& reader, const std::string& tensor, const partition::RankShard& shard,
+                      int64_t first, int64_t count, float* out) {
+  std::fill(out, out + count, 0.f);
+  const int64_t end = first + count;
+  for (const partition::Segment& s : shard.segments) {
+    const int64_t lo = std::max(first, s.shard_offset);
+    const int64_t hi = std::min(end, s.shard_offset + s.length);
+    if (lo >= hi) continue;
+    reader.read_param_range(tensor, s.param, s.param_offset + (lo - s.shard_offset), hi - lo, out + (lo - first));
+  }
+}
+
+// Reads into the prepared buffers through the staging slots: the file reads of chunk k+1 go
+// on while chunk k is copied to the device. No host copy of the shard is ever whole.
+void read_staged(CopyEngine& engine, CheckpointReader& reader, const partition::RankShard& shard,
+                 PreparedLoad& prep) {
+  std::vector<StagedRegion> regions;
+  std::vector<std::string> tensors;  // per region; "" for a frozen parameter's
+  std::vector<int32_t> frozen_param;
+  auto add = [&](core::FlatBuffer& buffer, const std::string& tensor, int32_t param) {
+    regions.push_back(StagedRegion{buffer.data(), DType::f32, buffer.numel()});
+    tensors.push_back(tensor);
+    frozen_param.push_back(param);
+  };
+  add(prep.params, kParamsTensor, -1);
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    // A kind the files lack stays as allocated: zeros.
+    if (prep.kinds[k] && reader.has_tensor(optim::kStateNames[k])) add(prep.state[k], optim::kStateNames[k], -1);
+  }
+  for (std::size_t i = 0; i < prep.frozen.size(); ++i) {
+    if (!prep.frozen[i].empty()) add(prep.frozen[i], "", static_cast<int32_t>(i));
+  }
+  stage_in(engine, regions, [&](const StagedChunk& chunk) {
+    for (const StagedPiece& p : chunk.pieces) {
+      float* out = reinterpret_cast<float*>(p.host);
+      if (frozen_param[p.region] >= 0) {
+        reader.read_frozen_range(frozen_param[p.region], p.first, p.count, out);
+      } else {
+        read_shard_range(reader, tensors[p.region], shard, p.first, p.count, out);
+      }
+    }
+    reader.flush();
+  });
+}
 
 PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   const optim::DeviceContext& dev = parts.dev;
@@ -57,23 +105,32 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
     prep.kinds[k] = prep.kinds[k] || reader.has_tensor(optim::kStateNames[k]);
   }
 
+  // Fresh buffers where the optimizer keeps its state (host, or its device).
+  prep.params = dev.new_buffer(shard.numel);
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    if (prep.kinds[k]) prep.state[k] = dev.new_buffer(shard.numel);
+  }
+  prep.frozen.resize(m.params.size());
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    if (!m.params[i].trainable) prep.frozen[i] = dev.new_buffer(m.params[i].numel);
+  }
+  if (const std::unique_ptr<CopyEngine> engine = staging_engine(dev, parts.staging)) {
+    read_staged(*engine, reader, shard, prep);
+    return prep;
+  }
   auto read_shard = [&](const std::string& tensor, float* out) {
     for (const partition::Segment& s : shard.segments) {
       if (s.length > 0) reader.read_param_range(tensor, s.param, s.param_offset, s.length, out + s.shard_offset);
     }
   };
-  prep.params.resize(shard.numel);
   read_shard(kParamsTensor, prep.params.data());
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    if (!prep.kinds[k]) continue;
-    prep.state[k].resize(shard.numel);
-    if (reader.has_tensor(optim::kStateNames[k])) read_shard(optim::kStateNames[k], prep.state[k].data());
+    if (prep.kinds[k] && reader.has_tensor(optim::kStateNames[k])) {
+      read_shard(optim::kStateNames[k], prep.state[k].data());
+    }
   }
-  prep.frozen.resize(m.params.size());
   for (std::size_t i = 0; i < m.params.size(); ++i) {
-    if (m.params[i].trainable) continue;
-    prep.frozen[i].resize(static_cast<std::size_t>(m.params[i].numel));
-    reader.read_frozen(static_cast<int32_t>(i), prep.frozen[i].data());
+    if (!prep.frozen[i].empty()) reader.read_frozen(static_cast<int32_t>(i), prep.frozen[i].data());
   }
   reader.flush();
   return prep;

@@ -204,7 +204,16 @@ SaveTicket start_save(const OptimizerParts& parts, const std::string& dir) {
   t.kinds = state_kind_names(kind_mask);
   t.shard_numel = state.own_shard().numel;
   for (const optim::ParamRecord& p : parts.table.params()) t.frozen_numel += p.trainable ? 0 : p.numel;
-  if (t.writes) t.sources = shard_sources(parts, t.file_index, kind_mask);
+  if (t.writes) {
+    t.sources = shard_sources(parts, t.file_index, kind_mask);
+    // A rank that cannot stage (no pinned memory) fails the save through the agreement on
+    // the files, as a failed write does.
+    try {
+      t.engine = staging_engine(dev, parts.staging);
+    } catch (const Error& e) {
+      t.staging_failure.fail(e);
+    }
+  }
   for (const ShardSource& s : t.sources) t.source_bytes += s.count * static_cast<int64_t>(sizeof(float));
   if (dev.rank() == 0) t.manifest = build_manifest(parts, t.generation, t.save_id, t.count, t.kinds);
   return t;
@@ -219,6 +228,10 @@ Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(Write
     reach(WritePoint::kSourcesRead);
     return written;
   }
+  if (!t.staging_failure.ok) {
+    reach(WritePoint::kSourcesRead);
+    return t.staging_failure;
+  }
   bool sources_read = false;
   try {
     ShardFileWriter writer(t.own_path, shard_tensors(t.shard_numel, t.kinds, t.frozen_numel, t.file_index),
@@ -226,24 +239,38 @@ Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(Write
     std::vector<float> wide;
     int64_t bytes = 0;
     bool half_reported = false;
-    for (const ShardSource& s : t.sources) {
-      if (s.data == nullptr) {
-        writer.write_zeros(s.count);
-      } else if (s.dtype == DType::f32) {
-        writer.write(static_cast<const float*>(s.data), s.count);
+    // Appends `count` elements of `dtype` at host memory `data` (null: zeros) to the file,
+    // widened to f32 in bounded steps.
+    auto append = [&](const void* data, DType dtype, int64_t count) {
+      if (data == nullptr) {
+        writer.write_zeros(count);
+      } else if (dtype == DType::f32) {
+        writer.write(static_cast<const float*>(data), count);
       } else {
-        for (int64_t at = 0; at < s.count; at += kWidenChunk) {
-          const int64_t n = std::min(kWidenChunk, s.count - at);
+        for (int64_t at = 0; at < count; at += kWidenChunk) {
+          const int64_t n = std::min(kWidenChunk, count - at);
           wide.resize(static_cast<std::size_t>(n));
-          kernels::widen_cpu(optim::element(s.data, at, s.dtype), s.dtype, wide.data(), n, t.widen_threads);
+          kernels::widen_cpu(optim::element(data, at, dtype), dtype, wide.data(), n, t.widen_threads);
           writer.write(wide.data(), n);
         }
       }
-      bytes += s.count * static_cast<int64_t>(sizeof(float));
+      bytes += count * static_cast<int64_t>(sizeof(float));
       if (!half_reported && 2 * bytes >= t.source_bytes) {
         half_reported = true;
         reach(WritePoint::kHalfWritten);
       }
+    };
+    if (t.engine) {
+      // The same bytes, through the staging slots: chunk k+1 is copied while chunk k is written.
+      std::vector<StagedRegion> regions;  // stage_out only reads them
+      for (const ShardSource& s : t.sources) {
+        regions.push_back(StagedRegion{const_cast<void*>(s.data), s.data == nullptr ? DType::f32 : s.dtype, s.count});
+      }
+      stage_out(*t.engine, regions, [&](const StagedChunk& chunk) {
+        for (const StagedPiece& p : chunk.pieces) append(p.host, regions[p.region].dtype, p.count);
+      });
+    } else {
+      for (const ShardSource& s : t.sources) append(s.data, s.dtype, s.count);
     }
     sources_read = true;
     reach(WritePoint::kSourcesRead);

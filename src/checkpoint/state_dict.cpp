@@ -1,7 +1,11 @@
 // src/checkpoint/state_dict.cpp — torch-style consolidate_state_dict / state_dict / load_state_dict over the optimizer's parts.
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
+#include "checkpoint/collective.hpp"
 #include "checkpoint/optimizer_parts.hpp"
+#include "checkpoint/staging.hpp"
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "optim/hyperparams.hpp"
@@ -36,12 +40,24 @@ std::vector<ParamGroupState> current_groups(const optim::ParamTable& table) {
   return groups;
 }
 
+// Consolidation is torch's object broadcast (_broadcast_object: a length, then the bytes),
+// bounded: rank r's state over its shard, kind after kind, is its serialised object; it
+// broadcasts the length, then the bytes in chunks of one staging slot, staged out of device
+// memory by its copy engine (chunk k+1 copied while chunk k is broadcast) and sent over the
+// host communicator (which stages through a device buffer of one chunk when the communicator
+// takes device memory only). The target scatters each chunk into the dict as it arrives, so
+// its peak is its own state + two slots + the consolidated dict; no rank ever holds another
+// rank's whole shard.
 std::optional<StateDict> gather_state_dict(const OptimizerParts& parts, int to) {
   const optim::DeviceContext& dev = parts.dev;
   const optim::ShardState& shard = parts.shard;
   const std::vector<optim::ParamRecord>& params = parts.table.params();
   const bool target = dev.rank() == to;
   const optim::StateMask kinds = shard.state_kinds_needed();
+  std::vector<std::size_t> kind_list;
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    if (kinds[k]) kind_list.push_back(k);
+  }
   StateDict dict;
   if (target) {
     dict.algorithm = parts.config.algorithm;
@@ -51,41 +67,90 @@ std::optional<StateDict> gather_state_dict(const OptimizerParts& parts, int to) 
       if (!has_state(p)) continue;
       ParamState& s = dict.state[static_cast<ParamId>(i)];
       s.step = p.step;
-      for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-        if (!kinds[k] || (k == optim::kMomentum && !p.has_momentum_buffer)) continue;
+      for (std::size_t k : kind_list) {
+        if (k == optim::kMomentum && !p.has_momentum_buffer) continue;
         s.tensors[optim::kStateNames[k]].assign(static_cast<std::size_t>(p.numel), 0.f);
       }
     }
   }
-  // Copies the pieces of one shard's state array into the dict (target rank only).
-  auto scatter = [&](const partition::RankShard& from, std::size_t k, const float* source) {
+  // Shard elements [first, first + count) of state kind k, from `from`, into the dict.
+  auto scatter = [&](const partition::RankShard& from, std::size_t k, int64_t first, int64_t count,
+                     const float* values) {
+    const int64_t end = first + count;
     for (const partition::Segment& seg : from.segments) {
+      const int64_t lo = std::max(first, seg.shard_offset);
+      const int64_t hi = std::min(end, seg.shard_offset + seg.length);
+      if (lo >= hi) continue;
       auto entry = dict.state.find(seg.param);
-      if (seg.length == 0 || entry == dict.state.end()) continue;
+      if (entry == dict.state.end()) continue;
       auto tensor = entry->second.tensors.find(optim::kStateNames[k]);
       if (tensor == entry->second.tensors.end()) continue;
-      std::memcpy(tensor->second.data() + seg.param_offset, source + seg.shard_offset,
-                  static_cast<std::size_t>(seg.length) * sizeof(float));
+      std::memcpy(tensor->second.data() + seg.param_offset + (lo - seg.shard_offset), values + (lo - first),
+                  static_cast<std::size_t>(hi - lo) * sizeof(float));
     }
   };
-  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    if (!kinds[k]) continue;
-    const core::FlatBuffer& mine = shard.state()[k];
-    if (!shard.sharded()) {
-      if (target && mine.numel() == shard.own_shard().numel) scatter(shard.own_shard(), k, mine.data());
+  // Rank r's object: each kind's array over its shard (zeros for a kind not allocated yet).
+  auto object_of = [&](int r) {
+    const partition::RankShard& from = shard.layout().shards[static_cast<std::size_t>(r)];
+    std::vector<StagedRegion> regions;
+    for (std::size_t k : kind_list) {
+      const core::FlatBuffer& mine = shard.state()[k];
+      const bool held = r == dev.rank() && mine.numel() == from.numel && from.numel > 0;
+      regions.push_back(StagedRegion{held ? mine.data() : nullptr, DType::f32, from.numel});
+    }
+    return regions;
+  };
+  auto scatter_chunk = [&](const partition::RankShard& from, const StagedChunk& chunk) {
+    for (const StagedPiece& p : chunk.pieces) {
+      scatter(from, kind_list[p.region], p.first, p.count, reinterpret_cast<const float*>(p.host));
+    }
+  };
+  // Every rank needs its engine (senders stage out, receivers receive into a slot): a rank
+  // without one fails the call on every rank before any broadcast.
+  std::unique_ptr<CopyEngine> engine;
+  Outcome ready;
+  try {
+    engine = chunking_engine(dev, parts.staging);
+  } catch (const Error& e) {
+    ready.fail(e);
+  }
+  agree_on_outcomes(dev.host_comm(), ready, "consolidate_state_dict", "consolidate_state_dict");
+  if (!shard.sharded()) {
+    // Every rank holds the whole state: the target reads its own.
+    if (target) {
+      stage_out(*engine, object_of(dev.rank()),
+                [&](const StagedChunk& chunk) { scatter_chunk(shard.own_shard(), chunk); });
+    }
+    return target ? std::optional<StateDict>(std::move(dict)) : std::nullopt;
+  }
+  Communicator& comm = dev.host_comm();
+  for (int r = 0; r < dev.world(); ++r) {
+    const partition::RankShard& from = shard.layout().shards[static_cast<std::size_t>(r)];
+    const std::vector<StagedRegion> regions = object_of(r);
+    if (r == to) {
+      // The target's own object never leaves it.
+      if (target) stage_out(*engine, regions, [&](const StagedChunk& chunk) { scatter_chunk(from, chunk); });
       continue;
     }
-    // One broadcast per rank shard; only the target keeps what arrives.
-    for (int r = 0; r < dev.world(); ++r) {
-      const partition::RankShard& from = shard.layout().shards[static_cast<std::size_t>(r)];
-      if (from.numel == 0) continue;
-      core::FlatBuffer buffer(from.numel);
-      if (r == dev.rank() && mine.numel() == from.numel) {
-        std::memcpy(buffer.data(), mine.data(), static_cast<std::size_t>(buffer.bytes()));
-      }
-      comm::broadcast_in_chunks(dev.comm(), buffer.data(), from.numel, DType::f32, r,
-                                optim::bucket_elements(parts.config, DType::f32));
-      if (target) scatter(from, k, buffer.data());
+    uint64_t expected = 0;
+    for (const StagedRegion& region : regions) expected += static_cast<uint64_t>(region.count) * sizeof(float);
+    uint64_t length = expected;
+    comm::broadcast_bytes(comm, &length, sizeof(length), r);
+    SHARDOPT_CHECK(length == expected, internal,
+                   "consolidate_state_dict: rank {} sent {} bytes of state, its shard in this rank's layout holds {}",
+                   r, length, expected);
+    if (r == dev.rank()) {
+      stage_out(*engine, regions, [&](const StagedChunk& chunk) {
+        comm::broadcast_bytes(comm, chunk.host, static_cast<int64_t>(chunk.bytes), r);
+      });
+      continue;
+    }
+    // The same chunks as the sender's (the same plan), received into one slot.
+    ChunkPlanner plan(regions, engine->slot_bytes());
+    StagedChunk chunk;
+    while (plan.next(engine->slot(0), chunk)) {
+      comm::broadcast_bytes(comm, chunk.host, static_cast<int64_t>(chunk.bytes), r);
+      if (target) scatter_chunk(from, chunk);
     }
   }
   if (!target) return std::nullopt;
@@ -175,17 +240,41 @@ void install_state_dict(const OptimizerParts& parts, const StateDict& sd) {
   // bf16/f16 master absent from it is seeded from the current parameter values.
   const optim::StateMask kinds = optim::state_kinds_needed(parts.config.algorithm, table.dtype(), hypers_of(sd));
   const partition::RankShard& shard = parts.shard.own_shard();
-  optim::StateBuffers buffers;
-  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    buffers[k] = parts.dev.new_buffer(kinds[k] ? shard.numel : 0);
-    if (!kinds[k]) continue;
+  // Shard elements [first, first + count) of kind k as the dict has them (zeros elsewhere).
+  auto fill = [&](std::size_t k, int64_t first, int64_t count, float* out) {
+    std::fill(out, out + count, 0.f);
+    const int64_t end = first + count;
     for (const partition::Segment& seg : shard.segments) {
+      const int64_t lo = std::max(first, seg.shard_offset);
+      const int64_t hi = std::min(end, seg.shard_offset + seg.length);
+      if (lo >= hi) continue;
       auto entry = sd.state.find(seg.param);
-      if (seg.length == 0 || entry == sd.state.end()) continue;
+      if (entry == sd.state.end()) continue;
       auto tensor = entry->second.tensors.find(optim::kStateNames[k]);
       if (tensor == entry->second.tensors.end()) continue;
-      std::memcpy(buffers[k].data() + seg.shard_offset, tensor->second.data() + seg.param_offset,
-                  static_cast<std::size_t>(seg.length) * sizeof(float));
+      std::memcpy(out + (lo - first), tensor->second.data() + seg.param_offset + (lo - seg.shard_offset),
+                  static_cast<std::size_t>(hi - lo) * sizeof(float));
+    }
+  };
+  optim::StateBuffers buffers;
+  std::vector<StagedRegion> regions;
+  std::vector<std::size_t> region_kind;
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    buffers[k] = parts.dev.new_buffer(kinds[k] ? shard.numel : 0);
+    if (!kinds[k] || shard.numel == 0) continue;
+    regions.push_back(StagedRegion{buffers[k].data(), DType::f32, shard.numel});
+    region_kind.push_back(k);
+  }
+  // Made after the buffers, so that its copies follow their zero fill on a device.
+  if (const std::unique_ptr<CopyEngine> engine = staging_engine(parts.dev, parts.staging)) {
+    stage_in(*engine, regions, [&](const StagedChunk& chunk) {
+      for (const StagedPiece& p : chunk.pieces) {
+        fill(region_kind[p.region], p.first, p.count, reinterpret_cast<float*>(p.host));
+      }
+    });
+  } else {
+    for (std::size_t r = 0; r < regions.size(); ++r) {
+      fill(region_kind[r], 0, shard.numel, static_cast<float*>(regions[r].data));
     }
   }
   parts.shard.install_state(kinds, std::move(buffers), without_master);

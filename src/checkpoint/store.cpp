@@ -173,6 +173,16 @@ void CheckpointReader::read_frozen(int32_t param, float* out) {
           static_cast<std::size_t>(p.numel) * sizeof(float));
 }
 
+void CheckpointReader::read_frozen_range(int32_t param, int64_t offset, int64_t length, float* out) {
+  const ManifestParam& p = manifest_.params[static_cast<std::size_t>(param)];
+  SHARDOPT_CHECK(!p.trainable, internal, "parameter '{}' is not frozen in the checkpoint", p.name);
+  SHARDOPT_CHECK(offset >= 0 && length >= 0 && offset + length <= p.numel, internal,
+                 "frozen parameter '{}': elements [{}, {}) of {}", p.name, offset, offset + length, p.numel);
+  const int64_t element = frozen_offset_[static_cast<std::size_t>(param)] + offset;
+  enqueue(0, tensor_start(0, kFrozenTensor) + element * static_cast<int64_t>(sizeof(float)), out,
+          static_cast<std::size_t>(length) * sizeof(float));
+}
+
 void CheckpointReader::flush() {
   std::vector<Request> queue;
   queue.swap(queue_);

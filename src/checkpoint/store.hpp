@@ -46,6 +46,8 @@ class CheckpointReader {
   void read_param_range(const std::string& tensor, int32_t param, int64_t offset, int64_t length, float* out);
   // Queues the whole of frozen parameter `param` into `out`.
   void read_frozen(int32_t param, float* out);
+  // Queues elements [offset, offset + length) of frozen parameter `param` into `out`.
+  void read_frozen_range(int32_t param, int64_t offset, int64_t length, float* out);
   void flush();
 
  private:

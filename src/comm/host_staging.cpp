@@ -33,7 +33,9 @@ HostStagedCommunicator::HostStagedCommunicator(Communicator& inner, Device devic
 
 char* HostStagedCommunicator::scratch(std::size_t bytes) {
   const auto numel = static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float));
-  // Grows only: these collectives are a few hundred bytes, and a reallocation costs a cudaFree.
+  // Grows only: these collectives are agreement records of a few hundred bytes, or a
+  // consolidation's chunks of one checkpoint staging slot (a few MiB), and a reallocation
+  // costs a cudaFree.
   if (numel > scratch_.numel()) scratch_.resize(numel);
   return reinterpret_cast<char*>(scratch_.data());
 }

@@ -261,7 +261,14 @@ void ShardState::set_param_values_f32(std::size_t i, int64_t offset, int64_t n, 
   const comm::NodeTopology* nodes = node_sharing();
   if (bucket_view() && nodes != nullptr && !table_.params()[i].trainable && nodes->node->rank() != 0) return;
   char* at = element(param_ptr(i), offset, dtype());
-  if (dtype() != DType::f32) {
+  if (dev_.on_device()) {
+    // Device to device, on the optimizer's stream: later steps see the values in order.
+    if (dtype() != DType::f32) {
+      narrow_device(values, at, dtype(), n, dev_.stream());
+    } else {
+      dev_.copy_bytes(at, values, span_bytes(n, dtype()));
+    }
+  } else if (dtype() != DType::f32) {
     kernels::narrow_cpu(values, at, dtype(), n, config_.cpu_threads);
   } else {
     std::memcpy(at, values, span_bytes(n, dtype()));

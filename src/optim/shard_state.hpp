@@ -104,9 +104,12 @@ class ShardState {
   const StateBuffers& state() const { return state_; }
   float* state_data(std::size_t kind) const { return state_[kind].data(); }
 
-  // ---- for checkpoints (host memory) ----
-  // Elements [offset, offset+n) of param i as f32 (bf16/f16 widened into `scratch`, exactly).
+  // ---- for checkpoints ----
+  // Elements [offset, offset+n) of param i as f32 (bf16/f16 widened into `scratch`, exactly);
+  // host state only.
   const float* param_values_f32(std::size_t i, int64_t offset, int64_t n, std::vector<float>& scratch) const;
+  // Sets elements [offset, offset+n) of param i from f32 `values` in the optimizer's memory
+  // (device memory, enqueued on its stream, when it is on a device; else host memory).
   // With node-shared parameters a frozen param's values are written by the node's first rank
   // only (every rank passes the same values; the next sync makes them visible to all).
   void set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values);

@@ -21,7 +21,7 @@ using optim::ParamRecord;
 namespace {
 
 checkpoint::OptimizerParts parts_of(ZeroOptimizer::Impl& im) {
-  return checkpoint::OptimizerParts{im.config, im.dev, im.table, im.shard, im.step};
+  return checkpoint::OptimizerParts{im.config, im.dev, im.table, im.shard, im.step, im.staging};
 }
 
 // Each collective call's body is a function-try-block ending in this: a comm or timeout error
@@ -42,13 +42,10 @@ comm::Agreed agree_joinable(ZeroOptimizer::Impl& im, const AgreementRecord& reco
   return comm::agree_with_joined(im.dev.host_comm(), record);
 }
 
-// The record a checkpoint call starts with: host state, no open stage-2 round.
+// The record a checkpoint call starts with: no open stage-2 round.
 AgreementRecord checkpoint_call(ZeroOptimizer::Impl& im, const char* operation) {
   AgreementRecord record(operation);
-  record.validate([&] {
-    checkpoint::require_host_state(im.dev, operation);
-    im.reducer.check_no_open_round(operation);
-  });
+  record.validate([&] { im.reducer.check_no_open_round(operation); });
   return record;
 }
 
@@ -385,7 +382,6 @@ void ZeroOptimizer::consolidate_state_dict(int to) try {
   AgreementRecord record("consolidate_state_dict");
   record.field("target rank", fmt::format("{}", to));
   record.validate([&] {
-    checkpoint::require_host_state(im.dev, "consolidate_state_dict");
     SHARDOPT_CHECK(to >= 0 && to < im.dev.world(), invalid_argument,
                    "consolidate_state_dict: target rank {} is out of range (world size {})", to, im.dev.world());
   });

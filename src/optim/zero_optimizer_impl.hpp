@@ -34,6 +34,8 @@ struct ZeroOptimizer::Impl {
   optim::Step step;
   // consolidate_state_dict(to)'s result, on rank `to` only.
   std::optional<StateDict> consolidated;
+  // How checkpoints stage state between the buffers above and the host (tests set it).
+  checkpoint::StagingSettings staging;
   // save_async's writer reads the buffers above: declared last, so it is destroyed (its
   // thread joined) before any of them.
   checkpoint::AsyncSave async_save;
