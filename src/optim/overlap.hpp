@@ -57,14 +57,16 @@ class OverlapEngine {
   void hand_zeros();                              // a rank in join(): zeros for every param not handed
 
   // reduce_gradients(): completes the buckets of params never handed (zeros at stage 2, the
-  // gradients in place at stage 1) so every rank issues the same collectives, issues what the
-  // round's mode allows, and returns the order to agree on and this rank's failure, if any.
+  // gradients in place at stage 1) so every rank issues the same collectives (with the order
+  // learned, every bucket is issued now), and returns the order to agree on and this rank's
+  // failure, if any.
   struct RoundEnd {
     std::string order;
     std::optional<Error> failure;
   };
   RoundEnd close_hand_over();
-  // After the ranks agreed on the order: learns it (first round), issues the rest and, unless
+  // After the ranks agreed on the order: learns it (first round), issues what is left (all of
+  // it in the first round and while a rank is in join(), in position order then) and, unless
   // per_bucket, waits for every reduction.
   void settle_round();
   // After a failed agreement or a failed call: waits for the queued work and forgets the round.
