@@ -140,7 +140,9 @@ struct OptimizerConfig {
   // all-gathers in its reverse (forward order). reduce_gradients() ends each round (and still
   // checks that every rank completed the buckets in the same order); after step() returns,
   // wait_param/wait_bucket/wait_all before reading a parameter. Do not call the communicator
-  // directly until wait_all() (its calls would race the optimizer's). Storage::external and
+  // directly, or through another object built on it (another optimizer, an averager), until
+  // wait_all(): those calls would race the optimizer's queued ones. Every collective call of
+  // this optimizer (and its destructor) first lets the queued work finish. Storage::external and
   // CUDA parameters are refused (Error(invalid_argument) / Error(unsupported)).
   OverlapPolicy overlap = OverlapPolicy::off;
   // The optimizer-level hyperparameters (torch's `defaults`): what a group's unset fields take,

@@ -40,7 +40,10 @@ comm::AgreementRecord shadow_record(ZeroOptimizer::Impl& im, bool first) {
 // same collectives as the active ranks.
 // config.overlap: a round the active ranks opened (`agreed`), with zeros for every bucket.
 void shadow_open_overlapped(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
-  if (im.overlap.per_bucket()) check_shadows_step_state(agreed);
+  if (im.overlap.per_bucket()) {
+    check_shadows_step_state(agreed);
+    im.async_save.wait_for_sources();  // the buckets' updates start in this round
+  }
   prepare_reduction(im, agreed);
   im.overlap.open_round(agreed, /*explicit_hand_over=*/false);
   im.overlap.hand_zeros();

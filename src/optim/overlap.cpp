@@ -46,6 +46,12 @@ int OverlapEngine::num_buckets() const {
   return static_cast<int>((layout().buffer_numel + bucket_numel() - 1) / bucket_numel());
 }
 
+int64_t OverlapEngine::staging_bytes() const {
+  int64_t bytes = 0;
+  for (const core::FlatBuffer& b : staging_) bytes += b.bytes();
+  return bytes;
+}
+
 void OverlapEngine::check_can_open() const {
   SHARDOPT_CHECK(!updated_in_round_, invalid_argument,
                  "config.overlap = per_bucket: the last round's buckets were already updated; call step() before "

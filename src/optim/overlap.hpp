@@ -74,6 +74,7 @@ class OverlapEngine {
   void check_no_open_round(const char* what) const;
 
   int num_buckets() const;
+  int64_t staging_bytes() const;  // stage 2: the buckets assembled for reduction
   void wait_bucket(int bucket);
   void wait_param(ParamId id);
   void wait_all();

@@ -91,6 +91,8 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
 // zeros, and every rank which ranks contribute); per_bucket agrees on the step's
 // hyperparameters, loss scale and layout here, since buckets are updated before step().
 void open_overlapped_round(ZeroOptimizer::Impl& im, const char* operation, bool explicit_hand_over) {
+  // per_bucket changes parameters and state from here on: a background save must have read them.
+  if (im.overlap.per_bucket()) im.async_save.wait_for_sources();
   AgreementRecord record(operation);
   record.validate([&] { im.overlap.check_can_open(); });
   if (im.overlap.per_bucket()) {
@@ -405,7 +407,8 @@ MemoryReport ZeroOptimizer::memory_report() const {
   }
   report.param_bytes = shard.flat_params().bytes();
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
-  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes();
+  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes() +
+                        impl_->overlap.staging_bytes();
   if (const comm::NodeTopology* nodes = shard.node_sharing()) {
     const int64_t shared = shard.shared_buffer().bytes();
     (shard.bucket_view() ? report.param_bytes : report.buffer_bytes) -= shared;

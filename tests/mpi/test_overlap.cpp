@@ -22,12 +22,13 @@ struct Setup {
   DType dtype = DType::f32;
   OverlapPolicy overlap = OverlapPolicy::after_backward;
   bool node_shared = false;
+  bool shard_state = true;
   double clip = 0.0;
 };
 
 std::string describe(const Setup& s) {
   return "stage " + std::to_string(s.stage) + ", " + partition_name(s.partition) + ", " + dtype_name(s.dtype) + ", " +
-         overlap_policy_name(s.overlap) + (s.node_shared ? ", node-shared" : "") + (s.clip > 0 ? ", clipped" : "");
+         overlap_policy_name(s.overlap) + (s.node_shared ? ", node-shared" : "") + (s.shard_state ? "" : ", replicated") + (s.clip > 0 ? ", clipped" : "");
 }
 
 // This rank's gradient of param i at step `step`: different on every rank, not exactly summable.
@@ -54,6 +55,7 @@ struct Model {
     config.stage = s.stage;
     config.bucket_bytes = 256;
     config.node_shared_params = s.node_shared;
+    config.shard_state = s.shard_state;
     config.overlap = overlap;
     config.stochastic_rounding = s.dtype == DType::bf16;
     config.rounding_seed = 3;
@@ -162,6 +164,12 @@ TEST_CASE("the overlapped step equals the plain step bitwise", "[overlap]") {
       setups.push_back(shared);
     }
   }
+  for (OverlapPolicy overlap : {OverlapPolicy::after_backward, OverlapPolicy::per_bucket}) {
+    Setup replicated;
+    replicated.overlap = overlap;
+    replicated.shard_state = false;
+    setups.push_back(replicated);
+  }
   for (const Setup& s : setups) {
     INFO(describe(s));
     Model plain(world(), s, OverlapPolicy::off);
@@ -249,6 +257,64 @@ TEST_CASE("overlap refusals: per_bucket with clipping, loss scaling or params si
   auto [code_ext, what_ext] = error_of([&] { ZeroOptimizer(world(), external, {params.all({}, true)}); });
   CHECK(code_ext == ErrorCode::invalid_argument);
   CHECK_THAT(what_ext, Catch::Contains("config.overlap = after_backward needs storage = bucket_view"));
+}
+
+TEST_CASE("overlap argument errors: grad_ready at stage 2, a second hand-over, a round before per_bucket's step",
+          "[overlap]") {
+  Setup s2;
+  s2.stage = 2;
+  Model stage2(world(), s2, OverlapPolicy::after_backward);
+  auto [code, what] = error_of([&] { stage2.opt->grad_ready(0); });
+  CHECK(code == ErrorCode::invalid_argument);
+  CHECK_THAT(what, Catch::Contains("grad_ready('p0')") && Catch::Contains("at stage 2"));
+
+  Setup s;
+  s.overlap = OverlapPolicy::per_bucket;
+  Model m(world(), s, OverlapPolicy::per_bucket);
+  m.opt->grad_ready(5);
+  auto [code2, what2] = error_of([&] { m.opt->grad_ready(5); });
+  CHECK(code2 == ErrorCode::invalid_argument);
+  CHECK_THAT(what2, Catch::Contains("the gradient of 'p5' was already handed in this round"));
+  for (ParamId id = 4; id >= 0; --id) m.opt->grad_ready(id);
+  m.opt->reduce_gradients();
+  // The buckets were updated as they landed: the next round may not open before step().
+  auto [code3, what3] = error_of([&] { m.opt->grad_ready(5); });
+  CHECK(code3 == ErrorCode::invalid_argument);
+  CHECK_THAT(what3, Catch::Contains("call step() before handing the next round's gradients"));
+  m.opt->step();
+  m.opt->wait_all();
+}
+
+TEST_CASE("a layout change makes the ranks learn the bucket order anew", "[overlap]") {
+  Setup s;
+  Model plain(world(), s, OverlapPolicy::off);
+  Model m(world(), s, OverlapPolicy::after_backward);
+  plain.plain_step(0);
+  m.overlapped_step(0);  // learns the backward order
+  CHECK(same(m.bytes(), plain.bytes()));
+  plain.opt->set_trainable(3, false);
+  m.opt->set_trainable(3, false);
+  // Every rank now hands in forward order: agreed anew, no mismatch.
+  std::vector<uint16_t> unused;
+  for (int step = 1; step < 3; ++step) {
+    // (The plain model shares the world communicator: it steps while `m` has nothing in flight.)
+    for (ParamId id = 0; id < static_cast<ParamId>(kSizes.size()); ++id) {
+      if (id == 3) continue;
+      const std::vector<float> values = grad_of(world()->rank(), step, static_cast<std::size_t>(id));
+      plain.write_view(id, plain.as_grad(values, unused));
+    }
+    plain.opt->reduce_gradients();
+    plain.opt->step();
+    for (ParamId id = 0; id < static_cast<ParamId>(kSizes.size()); ++id) {
+      if (id == 3) continue;
+      const std::vector<float> values = grad_of(world()->rank(), step, static_cast<std::size_t>(id));
+      m.write_view(id, m.as_grad(values, unused));
+      m.opt->grad_ready(id);
+    }
+    m.opt->reduce_gradients();
+    m.opt->step();
+    CHECK(same(m.bytes(), plain.bytes()));
+  }
 }
 
 TEST_CASE("config.overlap is agreed like every config field", "[overlap]") {
