@@ -497,7 +497,7 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradients(shardopt_opti
  * returns. Collective per bucket: every rank hands the same parameters in the same order, once
  * per step, then calls shardopt_optimizer_reduce_gradients. A call refused on one rank leaves
  * the others waiting for that bucket until the communicator's timeout. Refused with
- * SHARDOPT_ERR_INVALID_ARGUMENT at stage 1, with external storage, for a frozen param, a wrong
+ * SHARDOPT_ERR_INVALID_ARGUMENT at stage 1 without overlap, with external storage, for a frozen param, a wrong
  * numel/dtype/device or a second hand-over of the same param in one round. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradient(shardopt_optimizer_t opt, int32_t id,
                                                                   const shardopt_tensor* grad);

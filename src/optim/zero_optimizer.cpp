@@ -274,10 +274,14 @@ void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) try {
 void ZeroOptimizer::grad_ready(ParamId id) try {
   Impl& im = *impl_;
   const std::string& name = im.table.param(id).name;  // range check
-  SHARDOPT_CHECK(!im.shard.stage2() && im.shard.bucket_view(), invalid_argument,
-                 "grad_ready('{}'): for gradients written into grad_view() (stage 1, bucket view); {} hand each "
+  SHARDOPT_CHECK(im.shard.bucket_view(), invalid_argument,
+                 "grad_ready('{}'): for gradients written into grad_view() (bucket view); with external storage "
+                 "reduce_gradients() reads the registered gradient buffers",
+                 name);
+  SHARDOPT_CHECK(!im.shard.stage2(), invalid_argument,
+                 "grad_ready('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients; hand each "
                  "gradient with reduce_gradient()",
-                 name, im.shard.stage2() ? "at stage 2" : "with external storage");
+                 name);
   if (!im.overlap.enabled()) return;  // reduce_gradients() reads every gradient in place
   if (!im.overlap.round_open()) open_overlapped_round(im, "reduce_gradient", true);
   im.overlap.ready(id);
