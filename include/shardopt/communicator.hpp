@@ -1,6 +1,7 @@
 // shardopt/communicator.hpp — the collective interface every backend implements, and its factories.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -16,6 +17,14 @@ class SHARDOPT_API PendingCollective {
  public:
   virtual ~PendingCollective() = default;
   virtual void wait() = 0;
+};
+
+// One broadcast of a group (Communicator::broadcast_group_async): `count` elements at `buffer`
+// from rank `root`.
+struct BroadcastPart {
+  void* buffer = nullptr;
+  int64_t count = 0;
+  int root = 0;
 };
 
 struct CommOptions {
@@ -85,6 +94,12 @@ class SHARDOPT_API Communicator {
 
   virtual std::unique_ptr<PendingCollective> broadcast_async(void* buffer, int64_t count,
                                                              DType dtype, int root) = 0;
+  // `count` broadcasts (each as broadcast_async), issued as one group: a backend that can
+  // launches them together (NCCL: ncclGroupStart/End, so the per-root pieces of one exchange run
+  // concurrently and complete as one); this default starts them one by one. One wait() finishes
+  // them all. Every rank passes the same parts in the same order.
+  virtual std::unique_ptr<PendingCollective> broadcast_group_async(const BroadcastPart* parts,
+                                                                   std::size_t count, DType dtype);
   virtual std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv,
                                                               int64_t count, DType dtype) = 0;
   virtual std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count,

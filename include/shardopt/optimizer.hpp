@@ -268,7 +268,7 @@ class SHARDOPT_API ZeroOptimizer {
   // would). Collective per bucket: every rank must hand the same parameters in the same order,
   // once per step; a bucket is reduced to its owners as soon as all its parameters are in, so
   // only the shard's gradients (plus in-flight buckets) are kept. `grad` is read before the
-  // call returns. Error(invalid_argument) for a wrong numel/dtype/device or a second hand-over.
+  // call returns on the CPU; on a device, in order on cuda_stream() (see there). Error(invalid_argument) for a wrong numel/dtype/device or a second hand-over.
   // With config.overlap, also at stage 1 (the gradient is copied into grad_view(id)).
   void reduce_gradient(ParamId id, const TensorRef& grad);
   // Stage 1, bucket view: param `id`'s gradient in grad_view(id) is final for this round. With
@@ -330,10 +330,13 @@ class SHARDOPT_API ZeroOptimizer {
 
   MemoryReport memory_report() const;
 
-  // CUDA parameters: the cudaStream_t (as void*) all of this optimizer's device work is
-  // enqueued on — nccl_stream(communicator()) with NCCL, a stream of its own otherwise; null for
-  // CPU parameters. Write gradients on this stream (or synchronise yours first) before
-  // reduce_gradients()/step(), and order reads of param_view() after them against it.
+  // CUDA parameters: the cudaStream_t (as void*) of this optimizer's compute work (updates,
+  // copies, fills): a stream of its own; null for CPU parameters. With NCCL the collectives run
+  // on nccl_stream(communicator()) and are ordered against this stream on the device by events,
+  // so step() and reduce_gradient() return without waiting for the device. Write gradients on
+  // this stream (or synchronise yours first) before reduce_gradient(s)()/step(), reuse a buffer
+  // handed to reduce_gradient() only in work enqueued on it afterwards, and order reads of
+  // param_view() after step() against it.
   void* cuda_stream() const;
 
   // ---- checkpoints (src/checkpoint/; types in shardopt/checkpoint.hpp) ----

@@ -27,15 +27,37 @@ void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) raise_cuda(status, what);
 }
 
-// One full wave of the kernel on the current device: SMs x resident blocks per SM.
-int64_t one_wave_blocks(int blocks_per_sm_status, int blocks_per_sm, const char* what) {
-  check_cuda(static_cast<cudaError_t>(blocks_per_sm_status), what);
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute(multiProcessorCount)");
-  return static_cast<int64_t>(sms > 0 ? sms : 1) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+int dtype_index(DType dtype) { return dtype == DType::f32 ? 0 : dtype == DType::bf16 ? 1 : 2; }
+
+// One full wave of a kernel on the current device: SMs x resident blocks per SM. `query`
+// fills its argument with the kernel's blocks per SM and returns a cudaError_t as int. With a
+// cache, the runtime is asked only the first time (the device and SM count once per cache, the
+// occupancy once per kernel).
+template <typename Query>
+int64_t one_wave_blocks(LaunchCache* cache, int slot, const Query& query, const char* what) {
+  // The occupancy first: its failure (no device, say) names the launch that asked.
+  int blocks_per_sm = cache != nullptr ? cache->blocks_per_sm(slot) : 0;
+  if (blocks_per_sm == 0) {
+    check_cuda(static_cast<cudaError_t>(query(&blocks_per_sm)), what);
+    if (blocks_per_sm <= 0) blocks_per_sm = 1;
+    if (cache != nullptr) {
+      cache->set_blocks_per_sm(slot, blocks_per_sm);
+      cache->count_query();
+    }
+  }
+  int sms = cache != nullptr ? cache->sms() : 0;
+  if (sms == 0) {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(multiProcessorCount)");
+    if (sms <= 0) sms = 1;
+    if (cache != nullptr) {
+      cache->set_device(device, sms);
+      cache->count_query();
+    }
+  }
+  return static_cast<int64_t>(sms) * blocks_per_sm;
 }
 
 void check_span(const void* p, int64_t n, const char* op, const char* name) {
@@ -115,16 +137,21 @@ VectorPlan plan_typed(int64_t n, const void* a, int a_bytes, const void* b = nul
   return make_vector_plan(n, addresses, sizes, b ? 2 : 1);
 }
 
-GridShape convert_grid(const VectorPlan& plan, ConvertKind kind, DType dtype, const char* what) {
-  int per_sm = 0;
-  const int status = convert_blocks_per_sm(kind, dtype, &per_sm);
-  return make_grid_shape(plan.items(), kUpdateThreads, one_wave_blocks(status, per_sm, what));
+GridShape convert_grid(const VectorPlan& plan, ConvertKind kind, DType dtype, LaunchCache* cache,
+                       const char* what) {
+  const LaunchKernel kernel = kind == ConvertKind::widen    ? LaunchKernel::widen
+                              : kind == ConvertKind::narrow ? LaunchKernel::narrow
+                                                            : LaunchKernel::divide;
+  const int slot = LaunchCache::slot(kernel, dtype_index(dtype), false, false);
+  return make_grid_shape(
+      plan.items(), kUpdateThreads,
+      one_wave_blocks(cache, slot, [&](int* per_sm) { return convert_blocks_per_sm(kind, dtype, per_sm); }, what));
 }
 
 }  // namespace
 
 void sgd_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
-                     const GradTransform& gt, const Rounding& r, void* stream) {
+                     const GradTransform& gt, const Rounding& r, void* stream, LaunchCache* cache) {
   const char* op = "sgd_update_cuda";
   SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   if (n == 0) return;
@@ -138,17 +165,18 @@ void sgd_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t n, con
   args.s = s;
   const float* states[] = {args.momentum_buf};
   const VectorPlan plan = plan_mixed(args.common, t.dtype, states, 1, n);
-  int per_sm = 0;
-  const int status = mixed_sgd_blocks_per_sm(args, &per_sm);
+  const int slot = LaunchCache::slot(LaunchKernel::sgd, dtype_index(t.dtype), args.stochastic, s.use_momentum);
   const GridShape grid = make_grid_shape(
-      plan.items(), kUpdateThreads, one_wave_blocks(status, per_sm, "sgd_update_cuda: occupancy"));
+      plan.items(), kUpdateThreads,
+      one_wave_blocks(cache, slot, [&](int* per_sm) { return mixed_sgd_blocks_per_sm(args, per_sm); },
+                      "sgd_update_cuda: occupancy"));
   check_cuda(static_cast<cudaError_t>(launch_mixed_sgd(args, plan, grid, stream)),
              "sgd_update_cuda: kernel launch");
 }
 
 void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                       float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
-                      const GradTransform& gt, const Rounding& r, void* stream) {
+                      const GradTransform& gt, const Rounding& r, void* stream, LaunchCache* cache) {
   const char* op = "adam_update_cuda";
   SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   if (n == 0) return;
@@ -166,10 +194,11 @@ void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
   args.s = s;
   const float* states[] = {args.exp_avg, args.exp_avg_sq, args.max_exp_avg_sq};
   const VectorPlan plan = plan_mixed(args.common, t.dtype, states, 3, n);
-  int per_sm = 0;
-  const int status = mixed_adam_blocks_per_sm(args, &per_sm);
+  const int slot = LaunchCache::slot(LaunchKernel::adam, dtype_index(t.dtype), args.stochastic, s.amsgrad);
   const GridShape grid = make_grid_shape(
-      plan.items(), kUpdateThreads, one_wave_blocks(status, per_sm, "adam_update_cuda: occupancy"));
+      plan.items(), kUpdateThreads,
+      one_wave_blocks(cache, slot, [&](int* per_sm) { return mixed_adam_blocks_per_sm(args, per_sm); },
+                      "adam_update_cuda: occupancy"));
   check_cuda(static_cast<cudaError_t>(launch_mixed_adam(args, plan, grid, stream)),
              "adam_update_cuda: kernel launch");
 }
@@ -196,7 +225,7 @@ namespace {
 // of the two element sizes (f32 on the `kind`'s wide side).
 template <typename Launch>
 void convert_cuda(const char* op, ConvertKind kind, const void* src, void* dst, DType dtype, int64_t n,
-                  void* stream, const Launch& launch) {
+                  void* stream, LaunchCache* cache, const Launch& launch) {
   SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   check_dtype(dtype, op);
   if (n == 0) return;
@@ -212,30 +241,30 @@ void convert_cuda(const char* op, ConvertKind kind, const void* src, void* dst, 
   const int wide_bytes = static_cast<int>(sizeof(float));
   const VectorPlan plan = kind == ConvertKind::widen ? plan_typed(n, src, narrow_bytes, dst, wide_bytes)
                                                      : plan_typed(n, src, wide_bytes, dst, narrow_bytes);
-  const GridShape grid = convert_grid(plan, kind, dtype, fmt::format("{}: occupancy", op).c_str());
+  const GridShape grid = convert_grid(plan, kind, dtype, cache, op);
   check_cuda(static_cast<cudaError_t>(launch(plan, grid)), fmt::format("{}: kernel launch", op).c_str());
 }
 
 }  // namespace
 
-void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* stream) {
-  convert_cuda("widen_cuda", ConvertKind::widen, src, dst, dtype, n, stream,
+void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* stream, LaunchCache* cache) {
+  convert_cuda("widen_cuda", ConvertKind::widen, src, dst, dtype, n, stream, cache,
                [&](const VectorPlan& plan, const GridShape& grid) { return launch_widen(src, dtype, dst, plan, grid, stream); });
 }
 
-void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stream) {
-  convert_cuda("narrow_cuda", ConvertKind::narrow, src, dst, dtype, n, stream,
+void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stream, LaunchCache* cache) {
+  convert_cuda("narrow_cuda", ConvertKind::narrow, src, dst, dtype, n, stream, cache,
                [&](const VectorPlan& plan, const GridShape& grid) { return launch_narrow(src, dst, dtype, plan, grid, stream); });
 }
 
-void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream) {
+void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream, LaunchCache* cache) {
   const char* op = "divide_cuda";
   SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   check_dtype(dtype, op);
   if (n == 0) return;
   check_span(x, n, op, "x");
   const VectorPlan plan = plan_typed(n, x, static_cast<int>(dtype_size(dtype)));
-  const GridShape grid = convert_grid(plan, ConvertKind::divide, dtype, "divide_cuda: occupancy");
+  const GridShape grid = convert_grid(plan, ConvertKind::divide, dtype, cache, "divide_cuda: occupancy");
   check_cuda(static_cast<cudaError_t>(launch_divide(x, dtype, divisor, plan, grid, stream)),
              "divide_cuda: kernel launch");
 }

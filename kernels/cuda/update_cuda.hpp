@@ -5,11 +5,16 @@
 // and returns; failures to launch raise shardopt::Error(cuda), bad arguments
 // Error(invalid_argument). All pointers are device (or managed) memory on the current device.
 // Only available when the library was built with CUDA (SHARDOPT_HAVE_CUDA).
+//
+// `cache` (last argument, may be null): launch parameters kept across calls by their owner
+// (launch_cache.hpp), all on one device; with it, a launch makes no runtime query once its
+// kernel's slot is filled.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/launch_cache.hpp"
 #include "mixed_update.hpp"
 #include "shardopt/types.hpp"
 #include "update_rules.hpp"
@@ -24,10 +29,12 @@ namespace kernels {
 // is used as is). Bad arguments (a negative n, null buffers that are used, an unknown dtype, a
 // master for f32 or none for bf16/f16) raise Error(invalid_argument).
 void sgd_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
-                     const GradTransform& gt, const Rounding& r, void* stream);
+                     const GradTransform& gt, const Rounding& r, void* stream,
+                     LaunchCache* cache = nullptr);
 void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                       float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
-                      const GradTransform& gt, const Rounding& r, void* stream);
+                      const GradTransform& gt, const Rounding& r, void* stream,
+                      LaunchCache* cache = nullptr);
 
 // Writes out[0] = sum of squares (or max |g| when inf_norm) of the unscaled gradients, in
 // double, and out[1] = 1.0 if any is inf/NaN else 0.0 — or combines into out[0..1] when
@@ -38,15 +45,19 @@ void grad_stats_cuda(const void* grad, DType dtype, int64_t n, float unscale, bo
                      double* out, bool accumulate, void* workspace, void* stream);
 
 // dst = the exact float of src / dst = src rounded to nearest-even (f32: a device copy).
-void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* stream);
-void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stream);
+void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* stream,
+                LaunchCache* cache = nullptr);
+void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stream,
+                 LaunchCache* cache = nullptr);
 // x[i] = narrow(widen(x[i]) / divisor), nearest-even (f32: x[i] / divisor, IEEE-rounded):
 // bitwise divide_cpu, and so the average MpiCommunicator computes on the host for
 // ReduceOp::avg, for the all-reduces that sum on device buffers.
-void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream);
+void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream,
+                 LaunchCache* cache = nullptr);
 
 // Bytes of device scratch grad_stats_cuda uses; pass that much as its `workspace`, or null to
-// have it allocated and freed in stream order (cudaMallocAsync) on each call.
+// have it allocated and freed in stream order (cudaMallocAsync) on each call (an optimizer
+// passes its own, allocated once, so that a step allocates nothing).
 std::size_t reduction_workspace_bytes();
 
 }  // namespace kernels

@@ -122,6 +122,26 @@ void cuda_synchronize(void* stream, Device device, const char* why) {
   }
 }
 
+void* cuda_event_create(Device device) {
+  const ScopedDevice scope(device);
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", device);
+  return event;
+}
+
+void cuda_event_destroy(void* event) noexcept {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void cuda_event_record(void* event, void* stream, Device device) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), as_stream(stream)), "cudaEventRecord", device);
+}
+
+void cuda_stream_wait_event(void* stream, void* event, Device device) {
+  check(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent",
+        device);
+}
+
 void check_cuda_pointer(Device device, const void* p, const std::string& what) {
   SHARDOPT_CHECK(p != nullptr, invalid_argument, "{} is null", what);
   cudaPointerAttributes attributes{};
@@ -194,6 +214,10 @@ void cuda_copy(void*, const void*, std::size_t, void*, Device) { no_cuda("cuda_c
 void cuda_zero(void*, std::size_t, void*, Device) { no_cuda("cuda_zero"); }
 void cuda_synchronize(void*, Device, const char*) { no_cuda("cuda_synchronize"); }
 void check_cuda_pointer(Device, const void*, const std::string&) { no_cuda("check_cuda_pointer"); }
+void* cuda_event_create(Device) { no_cuda("cuda_event_create"); }
+void cuda_event_destroy(void*) noexcept {}
+void cuda_event_record(void*, void*, Device) { no_cuda("cuda_event_record"); }
+void cuda_stream_wait_event(void*, void*, Device) { no_cuda("cuda_stream_wait_event"); }
 
 OwnedStream::OwnedStream(Device) { no_cuda("OwnedStream"); }
 OwnedStream::~OwnedStream() = default;

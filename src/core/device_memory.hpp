@@ -39,6 +39,15 @@ void cuda_zero(void* dst, std::size_t bytes, void* stream, Device device);
 // Blocks until `stream`'s work has finished (this stream only, never the whole device).
 void cuda_synchronize(void* stream, Device device, const char* why);
 
+// Events for ordering one stream after another, created once by their owner and re-recorded:
+// cudaEventCreateWithFlags(cudaEventDisableTiming), cudaEventDestroy, cudaEventRecord, and
+// cudaStreamWaitEvent (work enqueued on `stream` later waits, on the device, for the work
+// before the event's last record; the host does not wait).
+void* cuda_event_create(Device device);
+void cuda_event_destroy(void* event) noexcept;
+void cuda_event_record(void* event, void* stream, Device device);
+void cuda_stream_wait_event(void* stream, void* event, Device device);
+
 // Error(invalid_argument) naming `what` unless `p` is memory that kernels on `device` can
 // use (its device memory, or managed memory): a clear message instead of an illegal-address
 // fault inside a kernel later.

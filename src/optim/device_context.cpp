@@ -1,11 +1,10 @@
-// src/optim/device_context.cpp — device adoption, buffer allocation, and the copies and collective ordering of the step pipeline.
+// src/optim/device_context.cpp — device adoption, the compute and communication streams and their events, buffer allocation, and the copies and collective ordering of the step pipeline.
 #include "optim/device_context.hpp"
 
 #include <cstring>
 
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
-#include "optim/device_update.hpp"
 #include "comm/host_staging.hpp"
 
 namespace shardopt {
@@ -14,16 +13,47 @@ namespace optim {
 DeviceContext::DeviceContext(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {
   divisor_ = comm_->size();
   if (!comm_->device().is_cuda()) return;
-  stream_ = comm_->cuda_stream();
-  SHARDOPT_CHECK(stream_ != nullptr, unsupported,
+  void* comm_stream = comm_->cuda_stream();
+  SHARDOPT_CHECK(comm_stream != nullptr, unsupported,
                  "ZeroOptimizer: the '{}' communicator works on {} but runs no CUDA stream, so the optimizer "
                  "cannot order its kernels against its collectives",
                  comm_->backend_name(), device_name(comm_->device()));
   device_ = comm_->device();
-  host_staging_ = std::make_unique<comm::HostStagedCommunicator>(*comm_, device_, stream_);
+  ops_ = make_cuda_device_ops(device_);
+  start_device_path(comm_stream);
+  // The agreement records are staged on the communication stream: they need none of the
+  // compute stream's work, and must not wait for it.
+  host_staging_ = std::make_unique<comm::HostStagedCommunicator>(*comm_, device_, comm_stream_);
 }
 
-DeviceContext::~DeviceContext() = default;
+DeviceContext::DeviceContext(std::shared_ptr<Communicator> comm, std::unique_ptr<DeviceOps> ops)
+    : comm_(std::move(comm)) {
+  divisor_ = comm_->size();
+  device_ = comm_->device();
+  ops_ = std::move(ops);
+  start_device_path(comm_->cuda_stream());
+  host_driven_ = comm_stream_ == nullptr && world() > 1;
+}
+
+void DeviceContext::start_device_path(void* comm_stream) {
+  // Our own non-blocking compute stream, so that collectives on the communicator's stream can
+  // run while the next kernels do.
+  stream_ = ops_->create_stream();
+  comm_stream_ = comm_stream;
+  if (comm_stream_ != nullptr) {
+    compute_ready_ = ops_->create_event();
+    comm_done_ = ops_->create_event();
+  }
+}
+
+DeviceContext::~DeviceContext() {
+  if (ops_ == nullptr) return;
+  host_staging_.reset();
+  outstanding_.reset();
+  ops_->destroy_event(compute_ready_);
+  ops_->destroy_event(comm_done_);
+  ops_->destroy_stream(stream_);
+}
 
 void DeviceContext::adopt(Device device) {
   if (!device.is_cuda() || on_device()) return;
@@ -32,16 +62,17 @@ void DeviceContext::adopt(Device device) {
                  "communicator (a CUDA-aware MPI), but this one takes host memory only (rank {}); use "
                  "nccl_world() or nccl_borrow() for CUDA parameters",
                  device_name(device), comm_->backend_name(), world(), rank());
-  own_stream_ = device::OwnedStream(device);
-  stream_ = own_stream_.get();
   device_ = device;
+  ops_ = make_cuda_device_ops(device_);
+  start_device_path(nullptr);
   host_driven_ = world() > 1;
 }
 
 Communicator& DeviceContext::host_comm() const { return host_staging_ ? *host_staging_ : *comm_; }
 
 core::FlatBuffer DeviceContext::new_buffer(int64_t numel, DType element_type) const {
-  core::FlatBuffer buffer(device_, stream_, element_type);
+  if (on_device()) return ops_->new_buffer(numel, element_type, stream_);
+  core::FlatBuffer buffer(device_, nullptr, element_type);
   buffer.resize(numel);
   return buffer;
 }
@@ -49,7 +80,7 @@ core::FlatBuffer DeviceContext::new_buffer(int64_t numel, DType element_type) co
 void DeviceContext::copy_bytes(void* dst, const void* src, std::size_t bytes) const {
   if (bytes == 0) return;  // empty shards have null buffers
   if (on_device()) {
-    device::cuda_copy(dst, src, bytes, stream_, device_);
+    ops_->copy(dst, src, bytes, stream_);
   } else {
     std::memcpy(dst, src, bytes);
   }
@@ -58,24 +89,65 @@ void DeviceContext::copy_bytes(void* dst, const void* src, std::size_t bytes) co
 void DeviceContext::zero_bytes(void* dst, std::size_t bytes) const {
   if (bytes == 0) return;
   if (on_device()) {
-    device::cuda_zero(dst, bytes, stream_, device_);
+    ops_->zero(dst, bytes, stream_);
   } else {
     std::memset(dst, 0, bytes);
   }
 }
 
 void DeviceContext::synchronize(const char* what) const {
-  if (on_device()) device::cuda_synchronize(stream_, device_, what);
+  if (!on_device()) return;
+  if (outstanding_) {
+    // The compute stream waits for these collectives anyway: waiting for them first costs
+    // nothing, and bounds the wait by the communicator's timeout.
+    const std::unique_ptr<PendingCollective> last = std::move(outstanding_);
+    last->wait();
+  }
+  ops_->synchronize(stream_, what);
 }
 
 void DeviceContext::settle_before_collective() const {
-  if (host_driven_) device::cuda_synchronize(stream_, device_, "before a host-driven collective on device buffers");
+  if (!on_device()) return;
+  if (stream_ordered()) {
+    ops_->record_event(compute_ready_, stream_);
+    ops_->stream_wait_event(comm_stream_, compute_ready_);
+  } else if (host_driven_) {
+    ops_->synchronize(stream_, "before a host-driven collective on device buffers");
+  }
+}
+
+void DeviceContext::finish_collectives(std::vector<std::unique_ptr<PendingCollective>>& pending) const {
+  if (on_device() && stream_ordered()) {
+    // Enqueued behind the collectives on their stream: the compute stream's next work waits
+    // for them there. The pending handles only watch completion from the host; dropping them
+    // waits for nothing.
+    ops_->record_event(comm_done_, comm_stream_);
+    ops_->stream_wait_event(stream_, comm_done_);
+    // The last one finishes after all the others (one stream, in order): kept so that the next
+    // host wait first waits for it within the communicator's timeout (a missing peer then is
+    // Error(timeout), not a stream synchronisation that never returns).
+    if (!pending.empty()) outstanding_ = std::move(pending.back());
+    pending.clear();
+    return;
+  }
+  for (auto& p : pending) p->wait();
+  pending.clear();
+}
+
+void DeviceContext::bound_in_flight(std::vector<std::unique_ptr<PendingCollective>>& pending,
+                                    std::size_t limit) const {
+  if (pending.size() <= limit) return;
+  const std::size_t done = pending.size() - limit;
+  if (!(on_device() && stream_ordered())) {
+    for (std::size_t i = 0; i < done; ++i) pending[i]->wait();
+  }
+  pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 void DeviceContext::finish_gradient_average(void* data, int64_t count, DType dtype) const {
   if (count <= 0 || (!host_driven_ && divisor_ == world())) return;
   if (on_device()) {
-    divide_device(data, dtype, count, static_cast<float>(divisor_), stream_);
+    ops_->divide(data, dtype, count, static_cast<float>(divisor_), stream_);
   } else {
     kernels::divide_cpu(data, dtype, count, static_cast<float>(divisor_), 1);
   }

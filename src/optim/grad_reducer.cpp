@@ -38,19 +38,16 @@ void GradReducer::all_reduce_bucket_view() {
   dev_.settle_before_collective();
   // Two buckets in flight: the next one starts while the last finishes, and MPI's temporary
   // buffers stay at two buckets instead of a whole gradient's worth.
+  // (On a stream-ordered communicator the device keeps that order and the host waits for none.)
   const core::FlatBuffer& grads = shard_.flat_grads();
-  std::unique_ptr<PendingCollective> in_flight[2];
+  std::vector<std::unique_ptr<PendingCollective>> in_flight;
   const int64_t total = shard_.layout().buffer_numel;
-  int64_t index = 0;
-  for (int64_t begin = 0; begin < total; begin += bucket_numel(), ++index) {
+  for (int64_t begin = 0; begin < total; begin += bucket_numel()) {
     const int64_t count = std::min(bucket_numel(), total - begin);
-    auto& slot = in_flight[index % 2];
-    if (slot) slot->wait();
-    slot = dev_.comm().all_reduce_async(grads.at(begin), count, shard_.dtype(), dev_.gradient_average_op());
+    dev_.bound_in_flight(in_flight, 1);
+    in_flight.push_back(dev_.comm().all_reduce_async(grads.at(begin), count, shard_.dtype(), dev_.gradient_average_op()));
   }
-  for (auto& slot : in_flight) {
-    if (slot) slot->wait();
-  }
+  dev_.finish_collectives(in_flight);
   dev_.finish_gradient_average(grads.raw(), total, shard_.dtype());
 }
 
@@ -130,8 +127,8 @@ int GradReducer::acquire_staging() {
 
 void GradReducer::wait_bucket(int index) {
   Bucket& b = buckets_[static_cast<std::size_t>(index)];
-  for (auto& p : b.pending) p->wait();
-  b.pending.clear();
+  // On a device the compute stream (which refills the staging slot next) waits for them.
+  dev_.finish_collectives(b.pending);
   if (b.slot >= 0) staging_busy_[static_cast<std::size_t>(b.slot)] = false;
   b.slot = -1;
 }
@@ -212,8 +209,8 @@ void GradReducer::hand(ParamId id, const TensorRef& grad) {
                  "reduce_gradients() to finish a round before the next)",
                  p.name);
   hand_gradient(static_cast<std::size_t>(id), grad.data);
-  // The caller may reuse its buffer once this returns.
-  dev_.synchronize("reduce_gradient");
+  // No host wait: the copy out of the caller's buffer is on cuda_stream(), so whatever the
+  // caller enqueues there next (reusing the buffer) runs after it.
 }
 
 void GradReducer::hand_zeros() {
@@ -223,11 +220,11 @@ void GradReducer::hand_zeros() {
   for (const ParamRecord& p : params) {
     if (p.trainable) largest = std::max(largest, p.numel);
   }
-  const core::FlatBuffer zeros = dev_.new_buffer(largest, shard_.dtype());
+  // Allocated once per layout (reset() drops it): a joined rank hands zeros every step.
+  if (zeros_.numel() < largest) zeros_ = dev_.new_buffer(largest, shard_.dtype());
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].trainable && !handed_[i]) hand_gradient(i, zeros.raw());
+    if (params[i].trainable && !handed_[i]) hand_gradient(i, zeros_.raw());
   }
-  dev_.synchronize("reduce_gradient");  // the zeros are freed on return
 }
 
 // Every bucket must be complete; then the round is finished.
@@ -272,6 +269,7 @@ void GradReducer::reset() {
   end_round();
   staging_.clear();
   staging_busy_.clear();
+  zeros_ = core::FlatBuffer();
 }
 
 int64_t GradReducer::staging_bytes() const {

@@ -68,6 +68,7 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   std::vector<core::FlatBuffer> staging_;  // a pool: at most kBucketsInFlight + open ones
   std::vector<bool> staging_busy_;
+  core::FlatBuffer zeros_;  // hand_zeros' source, kept until the layout changes
   std::vector<int> in_flight_;  // issued, not yet waited for, oldest first
   std::vector<bool> handed_;    // per param, this round
   int64_t handed_count_ = 0;

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 namespace shardopt {
 namespace optim {
@@ -13,17 +12,24 @@ namespace optim {
 void ParamSync::broadcast_shards(Communicator& comm, void* buffer, const std::function<int(int)>& root_of) {
   const DType dt = shard_.dtype();
   const int64_t bucket = bucket_elements(config_, dt);
-  std::vector<std::unique_ptr<PendingCollective>> pending;
+  const partition::Layout& layout = shard_.layout();
+  int64_t largest = 0;
   for (int r = 0; r < dev_.world(); ++r) {
-    const int root = root_of(r);
-    if (root < 0) continue;
-    const partition::RankShard& shard = shard_.layout().shards[static_cast<std::size_t>(r)];
-    for (int64_t begin = 0; begin < shard.numel; begin += bucket) {
-      const int64_t count = std::min(bucket, shard.numel - begin);
-      pending.push_back(comm.broadcast_async(element(buffer, shard.offset + begin, dt), count, dt, root));
-    }
+    if (root_of(r) >= 0) largest = std::max(largest, layout.shards[static_cast<std::size_t>(r)].numel);
   }
-  for (auto& p : pending) p->wait();
+  // Bucket by bucket, every rank's piece of that bucket in one group.
+  pending_.clear();  // what a failed exchange left (dropped, as its own handles would have been)
+  for (int64_t begin = 0; begin < largest; begin += bucket) {
+    parts_.clear();
+    for (int r = 0; r < dev_.world(); ++r) {
+      const int root = root_of(r);
+      const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
+      if (root < 0 || begin >= shard.numel) continue;
+      parts_.push_back(BroadcastPart{element(buffer, shard.offset + begin, dt), std::min(bucket, shard.numel - begin), root});
+    }
+    pending_.push_back(comm.broadcast_group_async(parts_.data(), parts_.size(), dt));
+  }
+  dev_.finish_collectives(pending_);
 }
 
 void ParamSync::exchange_shards(void* buffer) {
@@ -104,27 +110,24 @@ void ParamSync::update_and_sync(const std::function<void(int64_t, int64_t)>& upd
   const partition::Layout& layout = shard_.layout();
   int64_t largest = 0;
   for (const partition::RankShard& shard : layout.shards) largest = std::max(largest, shard.numel);
+  // On a stream-ordered communicator chunk k's broadcasts run on the communication stream
+  // while chunk k+1 is updated on the compute stream (they touch different elements); the host
+  // only enqueues. Otherwise the host keeps two chunks in flight.
   constexpr std::size_t kChunksInFlight = 2;
-  std::vector<std::vector<std::unique_ptr<PendingCollective>>> in_flight;
+  pending_.clear();
   for (int64_t begin = 0; begin < largest; begin += chunk) {
     update(begin, begin + chunk);  // nothing past this rank's shard
     dev_.settle_before_collective();
-    std::vector<std::unique_ptr<PendingCollective>> round;
+    parts_.clear();
     for (int r = 0; r < dev_.world(); ++r) {
       const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(r)];
       if (begin >= shard.numel) continue;
-      const int64_t count = std::min(chunk, shard.numel - begin);
-      round.push_back(dev_.comm().broadcast_async(shard_.flat_params().at(shard.offset + begin), count, dt, r));
+      parts_.push_back(BroadcastPart{shard_.flat_params().at(shard.offset + begin), std::min(chunk, shard.numel - begin), r});
     }
-    in_flight.push_back(std::move(round));
-    if (in_flight.size() > kChunksInFlight) {
-      for (auto& p : in_flight.front()) p->wait();
-      in_flight.erase(in_flight.begin());
-    }
+    pending_.push_back(dev_.comm().broadcast_group_async(parts_.data(), parts_.size(), dt));
+    dev_.bound_in_flight(pending_, kChunksInFlight);
   }
-  for (auto& round : in_flight) {
-    for (auto& p : round) p->wait();
-  }
+  dev_.finish_collectives(pending_);
 }
 
 }  // namespace optim

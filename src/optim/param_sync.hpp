@@ -2,6 +2,8 @@
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "optim/shard_state.hpp"
 
@@ -19,12 +21,14 @@ class ParamSync {
   void sync();
   // update(lo, hi) updates this rank's shard elements [lo, hi). Unpipelined: the whole update,
   // then sync(). Pipelined (bucket view, sharded, config.pipeline_chunk_bytes > 0): chunk k's
-  // broadcasts run while chunk k+1 is updated; every rank walks the same (chunk, owner) order.
+  // broadcasts (one group over the owners) run while chunk k+1 is updated; every rank walks the
+  // same (chunk, owner) order. On a device neither form blocks the host: the compute stream
+  // waits for the last broadcasts (DeviceContext::finish_collectives).
   void update_and_sync(const std::function<void(int64_t, int64_t)>& update);
 
  private:
   // Bucket by bucket, each rank's shard of `buffer` (laid out as the layout's shards) is
-  // broadcast from its owner, all in flight together; every bucket is config.bucket_bytes at
+  // broadcast from its owner, each bucket's pieces as one group, all in flight together; every bucket is config.bucket_bytes at
   // most, so no single collective exceeds it (or MPI's count limit).
   void exchange_shards(void* buffer);
   // The bucketed broadcasts behind both exchanges: rank r's shard of `buffer` from `comm`'s
@@ -41,6 +45,9 @@ class ParamSync {
   const OptimizerConfig& config_;
   const ParamTable& table_;
   ShardState& shard_;
+  // Reused by every exchange, so that a step allocates no host memory for them either.
+  std::vector<BroadcastPart> parts_;
+  std::vector<std::unique_ptr<PendingCollective>> pending_;
 };
 
 }  // namespace optim

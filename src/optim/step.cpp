@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 
-#include "optim/device_update.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -25,11 +24,17 @@ kernels::GradStats Step::local_grad_stats(bool inf_norm) {
   const DType dt = shard_.dtype();
   kernels::GradStats total;
   if (dev_.on_device()) {
-    if (stats_scratch_.empty()) stats_scratch_ = dev_.new_buffer(4);  // two doubles, kept across steps
+    // Two doubles of results, then the reductions' workspace: allocated on first use and kept,
+    // so that no step allocates (without a workspace, each launch would allocate its own).
+    DeviceOps& ops = dev_.ops();
+    if (stats_scratch_.empty()) {
+      stats_scratch_ = dev_.new_buffer(4 + static_cast<int64_t>(ops.grad_stats_workspace_bytes() / sizeof(float)));
+    }
     bool first = true;
     for (const UpdateRun& run : shard_.runs()) {
-      grad_stats_device(run.grad, dt, run.length, unscale_factor(), inf_norm,
-                        reinterpret_cast<double*>(stats_scratch_.data()), !first, nullptr, dev_.stream());
+      ops.grad_stats(run.grad, dt, run.length, unscale_factor(), inf_norm,
+                     reinterpret_cast<double*>(stats_scratch_.data()), !first, stats_scratch_.data() + 4,
+                     dev_.stream());
       first = false;
     }
     if (first) return total;
@@ -181,7 +186,7 @@ void Step::update_range(int64_t lo, int64_t hi) {
       const kernels::SgdScalars s = kernels::make_sgd_scalars(h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov,
                                                               h.maximize, !p.has_momentum_buffer);
       if (dev_.on_device()) {
-        sgd_update_device(tensors, at(kMomentum), run.length, s, transform, rounding, dev_.stream());
+        dev_.ops().sgd_update(tensors, at(kMomentum), run.length, s, transform, rounding, dev_.stream());
       } else {
         kernels::sgd_update_cpu(tensors, at(kMomentum), run.length, s, transform, rounding, threads);
       }
@@ -190,8 +195,8 @@ void Step::update_range(int64_t lo, int64_t hi) {
           kernels::make_adam_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
                                      config_.algorithm == Algorithm::adamw, h.amsgrad, h.maximize, p.step + 1);
       if (dev_.on_device()) {
-        adam_update_device(tensors, at(kExpAvg), at(kExpAvgSq), at(kMaxExpAvgSq), run.length, s, transform, rounding,
-                           dev_.stream());
+        dev_.ops().adam_update(tensors, at(kExpAvg), at(kExpAvgSq), at(kMaxExpAvgSq), run.length, s, transform,
+                               rounding, dev_.stream());
       } else {
         kernels::adam_update_cpu(tensors, at(kExpAvg), at(kExpAvgSq), at(kMaxExpAvgSq), run.length, s, transform,
                                  rounding, threads);

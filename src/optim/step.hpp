@@ -65,8 +65,8 @@ class Step {
   bool nonfinite_known_ = false;  // clip_grad_norm() already checked the gradients
   bool nonfinite_ = false;
   StepReport report_;
-  core::FlatBuffer stats_scratch_;
-  UpdateDriver driver_;  // on a device: two doubles of gradient statistics
+  core::FlatBuffer stats_scratch_;  // on a device: two doubles of gradient statistics, then the workspace
+  UpdateDriver driver_;
 };
 
 }  // namespace optim

@@ -81,8 +81,14 @@ TEST_CASE("without a device, launches raise Error(cuda) with CUDA's reason", "[c
   std::vector<float> host(16, 0.f);
   float* p = host.data();
   const AdamScalars adam = make_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, false, false, false, 1);
-  const Error e = error_of([&] { adam_update_cuda(f32_tensors(p, p), p, p, nullptr, 16, adam, {}, {}, nullptr); });
+  LaunchCache launch;
+  const Error e =
+      error_of([&] { adam_update_cuda(f32_tensors(p, p), p, p, nullptr, 16, adam, {}, {}, nullptr, &launch); });
   REQUIRE(e.code() == ErrorCode::cuda);
   REQUIRE_THAT(e.what(), Catch::Contains("adam_update_cuda"));
   REQUIRE_THAT(e.what(), Catch::Contains(reason));
+  // A failed query leaves nothing behind: the next launch asks again.
+  REQUIRE(launch.queries() == 0);
+  REQUIRE(launch.sms() == 0);
+  REQUIRE(launch.blocks_per_sm(LaunchCache::slot(LaunchKernel::adam, 0, false, false)) == 0);
 }

@@ -149,6 +149,7 @@ TEST_CASE("shards cut at odd boundaries, one launch each, equal one CPU update o
   const std::size_t count = static_cast<std::size_t>(total);
   const std::vector<int64_t> cut = {0, 1, 7, 25001, 50002, 50003, 75004, total};
   DeviceArray<float> dp(count), dg(count), dm(count), dv(count);
+  LaunchCache launch;  // as an optimizer keeps it: launch parameters from the first launch on
   std::vector<float> p = random_values(gen, count, -1.f, 1.f);
   std::vector<float> m(count, 0.f), v(count, 0.f);
   dp.upload(p);
@@ -161,8 +162,12 @@ TEST_CASE("shards cut at odd boundaries, one launch each, equal one CPU update o
     for (std::size_t r = 0; r + 1 < cut.size(); ++r) {
       const int64_t b = cut[r];
       adam_update_cuda(f32_tensors(dp.data() + b, dg.data() + b), dm.data() + b, dv.data() + b, nullptr,
-                       cut[r + 1] - b, s, GradTransform{}, Rounding{}, stream.opaque());
+                       cut[r + 1] - b, s, GradTransform{}, Rounding{}, stream.opaque(), &launch);
     }
+    // One kernel, so the runtime was asked twice in all (its occupancy, the SM count), on the
+    // first launch: none of the other 13 asked anything.
+    REQUIRE(launch.queries() == 2);
+    REQUIRE(launch.sms() > 0);
     adam_update_cpu(p.data(), g.data(), m.data(), v.data(), nullptr, total, s, 0);
     stream.sync();
     REQUIRE(same_bits(dp.download(0, count), p));

@@ -92,6 +92,40 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // One group: NCCL launches the broadcasts together once ncclGroupEnd is called, so nothing
+  // is on the stream before that and the completion event is recorded after it.
+  std::unique_ptr<PendingCollective> broadcast_group_async(const BroadcastPart* parts, std::size_t count,
+                                                           DType dtype) override {
+    const char* name = "broadcast";
+    NcclState& s = *state_;
+    const ncclDataType_t type = nccl_type(dtype);
+    bool any = false;
+    for (std::size_t i = 0; i < count; ++i) {
+      const BroadcastPart& part = parts[i];
+      check_count(part.count, name);
+      SHARDOPT_CHECK(part.root >= 0 && part.root < s.size, invalid_argument,
+                     "broadcast: root {} is not a rank of this {}-rank communicator", part.root, s.size);
+      if (part.count > 0) check_device_buffer(part.buffer, name, "buffer");
+      any = any || part.count > 0;
+    }
+    s.check_usable(name);
+    // Every rank passes the same counts, so every rank skips together.
+    if (!any) return std::make_unique<NcclPending>(state_, name, nullptr);
+    const DeviceGuard guard(s.device, s.rank);
+    ncclResult_t failed = ncclGroupStart();
+    if (failed != ncclSuccess) s.settle(failed, name);
+    for (std::size_t i = 0; i < count && failed == ncclSuccess; ++i) {
+      const BroadcastPart& part = parts[i];
+      if (part.count == 0) continue;
+      const ncclResult_t result = ncclBroadcast(part.buffer, part.buffer, static_cast<size_t>(part.count), type,
+                                                part.root, s.comm, s.cuda_stream());
+      if (result != ncclSuccess && result != ncclInProgress) failed = result;
+    }
+    const ncclResult_t ended = ncclGroupEnd();  // closes the group even after a failed call
+    s.settle(failed != ncclSuccess ? failed : ended, name);
+    return record_completion(name);
+  }
+
   // NCCL itself handles the in-place form (send == recv + rank*count).
   std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv, int64_t count,
                                                       DType dtype) override {
@@ -195,10 +229,14 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return std::make_unique<NcclPending>(state_, op, nullptr);
     const DeviceGuard guard(s.device, s.rank);
     s.settle(call(s.comm, s.cuda_stream()), op);
-    cudaEvent_t event = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", s.rank);
-    auto pending = std::make_unique<NcclPending>(state_, op, event);
-    check_cuda(cudaEventRecord(event, s.cuda_stream()), "cudaEventRecord", s.rank);
+    return record_completion(op);
+  }
+
+  // The completion of what was just enqueued on our stream, on an event from the pool.
+  std::unique_ptr<PendingCollective> record_completion(const char* op) {
+    NcclState& s = *state_;
+    auto pending = std::make_unique<NcclPending>(state_, op, s.acquire_event());
+    check_cuda(cudaEventRecord(pending->event(), s.cuda_stream()), "cudaEventRecord", s.rank);
     return pending;
   }
 

@@ -43,6 +43,8 @@ struct NcclTable {
   decltype(&::ncclAllGather) all_gather = nullptr;
   decltype(&::ncclReduceScatter) reduce_scatter = nullptr;
   decltype(&::ncclReduce) reduce = nullptr;
+  decltype(&::ncclGroupStart) group_start = nullptr;
+  decltype(&::ncclGroupEnd) group_end = nullptr;
 };
 
 struct Loaded {
@@ -89,6 +91,8 @@ Loaded load() {
   resolve(t.all_gather, "ncclAllGather");
   resolve(t.reduce_scatter, "ncclReduceScatter");
   resolve(t.reduce, "ncclReduce");
+  resolve(t.group_start, "ncclGroupStart");
+  resolve(t.group_end, "ncclGroupEnd");
   if (!loaded.failure.empty()) loaded.table = NcclTable{};  // all or nothing
   return loaded;
 }
@@ -159,3 +163,5 @@ ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType
                         int root, ncclComm_t comm, cudaStream_t stream) {
   return nccl().reduce(send, recv, count, type, op, root, comm, stream);
 }
+ncclResult_t ncclGroupStart() { return nccl().group_start(); }
+ncclResult_t ncclGroupEnd() { return nccl().group_end(); }

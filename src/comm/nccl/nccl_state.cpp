@@ -20,7 +20,33 @@ void check_cuda(cudaError_t status, const char* what, int rank) {
   }
 }
 
+cudaEvent_t NcclState::acquire_event() {
+  {
+    const std::lock_guard<std::mutex> lock(events_mutex);
+    if (!free_events.empty()) {
+      cudaEvent_t event = free_events.back();
+      free_events.pop_back();
+      return event;
+    }
+  }
+  cudaEvent_t event = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", rank);
+  return event;
+}
+
+void NcclState::release_event(cudaEvent_t event) noexcept {
+  // An event whose work is still pending can be recorded again later: a record replaces the
+  // previous one, and nobody waits on the old one any more.
+  try {
+    const std::lock_guard<std::mutex> lock(events_mutex);
+    free_events.push_back(event);
+  } catch (...) {
+    cudaEventDestroy(event);
+  }
+}
+
 NcclState::~NcclState() {
+  for (cudaEvent_t event : free_events) cudaEventDestroy(event);
   if (barrier_word != nullptr) cudaFree(barrier_word);
   if (comm == nullptr) return;
   // Finalize flushes our outstanding work and waits for the peers to be quiescent; if they
@@ -118,7 +144,7 @@ void NcclPending::wait() {
                                   op_, s.rank, s.size, s.device, cudaGetErrorString(cuda_status),
                                   cudaGetErrorName(cuda_status)));
   }
-  cudaEventDestroy(event_);
+  s.release_event(event_);
   event_ = nullptr;
 }
 

@@ -14,7 +14,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/check.hpp"
 #include "shardopt/communicator.hpp"
@@ -67,6 +69,8 @@ struct NcclState {
   ErrorCode abort_code = ErrorCode::comm;  // the code of the failure that aborted it
   int32_t* barrier_word = nullptr;  // device scratch for barrier()'s one-element all-reduce
   std::shared_ptr<Communicator> mpi_keepalive;  // keeps MPI initialised while we live (world form)
+  std::mutex events_mutex;  // handles may be let go on another thread than the one issuing
+  std::vector<cudaEvent_t> free_events;
 
   NcclState() = default;
   NcclState(const NcclState&) = delete;
@@ -75,6 +79,12 @@ struct NcclState {
   ~NcclState();
 
   cudaStream_t cuda_stream() const { return stream->stream; }
+
+  // The completion events of pending collectives, reused: a collective takes one from the pool
+  // (creating one only when all are in use, so the pool grows to the most collectives ever in
+  // flight and then stops) and gives it back when its handle is done with it.
+  cudaEvent_t acquire_event();
+  void release_event(cudaEvent_t event) noexcept;
 
   // After an abort every call fails at once, with the code of the failure that caused it
   // (Error(timeout) after a timeout) and a message naming that failure's operation.
@@ -92,12 +102,13 @@ class NcclPending final : public PendingCollective {
   NcclPending(std::shared_ptr<NcclState> state, const char* op, cudaEvent_t event)
       : state_(std::move(state)), op_(op), event_(event) {}
   ~NcclPending() override {
-    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (event_ != nullptr) state_->release_event(event_);
   }
   NcclPending(const NcclPending&) = delete;
   NcclPending& operator=(const NcclPending&) = delete;
 
   void wait() override;
+  cudaEvent_t event() const { return event_; }
 
  private:
   std::shared_ptr<NcclState> state_;
