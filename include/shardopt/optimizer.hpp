@@ -21,7 +21,18 @@ enum class Storage : int32_t {
   external = 1,     // the caller's buffers stay where they are; shardopt copies to/from them
 };
 
+// How the step overlaps the trainer's backward and forward (ZeroOptimizer::grad_ready,
+// reduce_gradient, wait_param). Bucket view storage only; results are bitwise those of off.
+enum class OverlapPolicy : int32_t {
+  off = 0,             // reduce_gradients() and step() do all their work inside the call
+  after_backward = 1,  // reductions overlap backward; step() updates, then the all-gathers
+                       // overlap the next forward (wait_param)
+  per_bucket = 2,      // a bucket's shard part is updated and gathered as soon as its
+                       // reduction lands (no clipping or loss scaling)
+};
+
 SHARDOPT_API const char* algorithm_name(Algorithm algorithm);
+SHARDOPT_API const char* overlap_policy_name(OverlapPolicy policy);
 SHARDOPT_API const char* partition_name(PartitionStrategy partition);
 
 // Per-group hyperparameters, with torch.optim's names. Changeable between steps; every rank
@@ -116,6 +127,24 @@ struct OptimizerConfig {
   // over the ranks still active divided by their number (false), or by the world size (true,
   // as DDP's divide_by_initial_world_size). Without joined ranks both divide by the world size.
   bool divide_by_initial_world_size = false;
+  // Overlapping the gradient reduction with backward and the parameter all-gather with the
+  // next forward (torch ZeRO's overlap_with_ddp, Megatron's overlapped distributed optimizer).
+  // Not off: the optimizer's communicator calls all run on a communication thread of its own,
+  // one at a time and in the order they were issued (MPI must provide MPI_THREAD_SERIALIZED;
+  // Error(unsupported) naming the level it provides otherwise), so collectives progress while
+  // the trainer computes. Hand gradients over as backward produces them (grad_ready for
+  // gradients written into grad_view at stage 1, reduce_gradient at either stage); each
+  // bucket (bucket_bytes of the layout) is reduced once all of it is in. The first round's
+  // order of completed buckets is agreed across the ranks (Error(mismatch) naming both orders
+  // otherwise) and kept: later rounds issue buckets in that order, and step() issues the
+  // all-gathers in its reverse (forward order). reduce_gradients() ends each round (and still
+  // checks that every rank completed the buckets in the same order); after step() returns,
+  // wait_param/wait_bucket/wait_all before reading a parameter. Do not call the communicator
+  // directly, or through another object built on it (another optimizer, an averager), until
+  // wait_all(): those calls would race the optimizer's queued ones. Every collective call of
+  // this optimizer (and its destructor) first lets the queued work finish. Storage::external and
+  // CUDA parameters are refused (Error(invalid_argument) / Error(unsupported)).
+  OverlapPolicy overlap = OverlapPolicy::off;
   // The optimizer-level hyperparameters (torch's `defaults`): what a group's unset fields take,
   // at construction and in add_param_group. Unset: default_hyperparams(algorithm).
   std::optional<Hyperparams> defaults;
@@ -181,7 +210,7 @@ struct StepReport {
 };
 
 // Every collective call (the constructor, add_param_group, set_trainable, reduce_gradients,
-// clip_grad_norm, step, save, save_async, wait_save with a save pending, load,
+// clip_grad_norm, step, the first grad_ready/reduce_gradient of an overlapped round, save, save_async, wait_save with a save pending, load,
 // consolidate_state_dict, load_state_dict) starts with one small agreement among the ranks:
 // ranks in different calls, with different arguments or hyperparameters, or with an invalid
 // value on any one of them all raise the same Error on every rank (mismatch, naming the
@@ -240,7 +269,21 @@ class SHARDOPT_API ZeroOptimizer {
   // once per step; a bucket is reduced to its owners as soon as all its parameters are in, so
   // only the shard's gradients (plus in-flight buckets) are kept. `grad` is read before the
   // call returns on the CPU; on a device, in order on cuda_stream() (see there). Error(invalid_argument) for a wrong numel/dtype/device or a second hand-over.
+  // With config.overlap, also at stage 1 (the gradient is copied into grad_view(id)).
   void reduce_gradient(ParamId id, const TensorRef& grad);
+  // Stage 1, bucket view: param `id`'s gradient in grad_view(id) is final for this round. With
+  // config.overlap its bucket's reduction starts once the whole bucket is ready; without, the
+  // call only checks `id` (reduce_gradients() reads every gradient). Collective per bucket
+  // like reduce_gradient.
+  void grad_ready(ParamId id);
+  // config.overlap: return once the values of param `id` (or of bucket `bucket`, numbered by
+  // position in the layout, 0 .. num_buckets()-1) of the last step have landed on this rank;
+  // wait_all() for all of them. Local (no collective); rethrow the failure of a collective
+  // they waited for. Without overlap they return at once (step() syncs before it returns).
+  void wait_param(ParamId id);
+  void wait_bucket(int bucket);
+  void wait_all();
+  int num_buckets() const;
   // Collective. Total norm (norm_type 2 or inf) of the averaged, unscaled gradients over all
   // ranks' shards, as torch.nn.utils.clip_grad_norm_ returns it; the factor
   // max_norm / (norm + 1e-6), capped at 1, is applied inside the next step()'s update (no

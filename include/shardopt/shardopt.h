@@ -172,6 +172,13 @@ typedef enum shardopt_storage {
   SHARDOPT_STORAGE_EXTERNAL = 1     /* the caller's buffers stay put; shardopt copies to/from them */
 } shardopt_storage;
 
+/* config.overlap: see OverlapPolicy in shardopt/optimizer.hpp. */
+typedef enum shardopt_overlap_policy {
+  SHARDOPT_OVERLAP_OFF = 0,            /* reduce_gradients and step do all their work inside the call */
+  SHARDOPT_OVERLAP_AFTER_BACKWARD = 1, /* reductions overlap backward; all-gathers the next forward */
+  SHARDOPT_OVERLAP_PER_BUCKET = 2      /* each bucket updated and gathered once reduced (no clipping) */
+} shardopt_overlap_policy;
+
 /* Dynamic loss scaling for f16 gradients, with torch.cuda.amp.GradScaler's parameters and rules:
  * the caller multiplies the loss by shardopt_optimizer_loss_scale() before backward; a step whose
  * gradients hold an inf or NaN on any rank is skipped on every rank (no parameter, state or step
@@ -271,6 +278,16 @@ typedef struct shardopt_optimizer_config {
   /* Join (shardopt_optimizer_join): 0 (default) divides the gradient sum by the ranks still
    * active, 1 by the world size (DDP's divide_by_initial_world_size). */
   int32_t divide_by_initial_world_size;
+  /* ---- appended later: the sizes of the earlier structs (through
+   * `divide_by_initial_world_size`) are still accepted, and then leave this at its default ---- */
+  /* SHARDOPT_OVERLAP_OFF (default), or overlap the step with backward and the next forward:
+   * hand gradients with shardopt_optimizer_grad_ready / shardopt_optimizer_reduce_gradient as
+   * backward produces them, and wait with shardopt_optimizer_wait_param before reading a
+   * parameter after a step. Bucket-view storage and CPU parameters only; MPI must provide
+   * MPI_THREAD_SERIALIZED. See OptimizerConfig::overlap in shardopt/optimizer.hpp. A
+   * shardopt_overlap_policy value, held in 64 bits: a 32-bit field would sit in the earlier
+   * struct's tail padding and leave the struct's size, which tells the versions apart, as it was. */
+  int64_t overlap;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -294,6 +311,7 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->node_shared_params = 1;
   config->pipeline_chunk_bytes = 0;
   config->divide_by_initial_world_size = 0;
+  config->overlap = SHARDOPT_OVERLAP_OFF;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors
@@ -474,12 +492,12 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_zero_grad(shardopt_optimizer_t
  * the round of shardopt_optimizer_reduce_gradient calls (every trainable parameter must have
  * been handed since the last step). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradients(shardopt_optimizer_t opt);
-/* Stage 2, bucket view: hands this rank's local gradient of param `id` (as a backward hook
- * would); `grad` must have the parameter's numel, dtype and device, and is read before the call
+/* Stage 2 (with config.overlap also stage 1), bucket view: hands this rank's local gradient of
+ * param `id` (as a backward hook would); `grad` must have the parameter's numel, dtype and device, and is read before the call
  * returns. Collective per bucket: every rank hands the same parameters in the same order, once
  * per step, then calls shardopt_optimizer_reduce_gradients. A call refused on one rank leaves
  * the others waiting for that bucket until the communicator's timeout. Refused with
- * SHARDOPT_ERR_INVALID_ARGUMENT at stage 1, with external storage, for a frozen param, a wrong
+ * SHARDOPT_ERR_INVALID_ARGUMENT at stage 1 without overlap, with external storage, for a frozen param, a wrong
  * numel/dtype/device or a second hand-over of the same param in one round. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradient(shardopt_optimizer_t opt, int32_t id,
                                                                   const shardopt_tensor* grad);
@@ -488,6 +506,16 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradient(shardopt_optim
  * deleter has run (the values were copied first); when the call fails it stays the caller's. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradient_dlpack(shardopt_optimizer_t opt, int32_t id,
                                                                          DLManagedTensorVersioned* grad);
+/* Stage 1, bucket view: the gradient of param `id` in its grad view is final for this round.
+ * With config.overlap its bucket's reduction starts once the whole bucket is ready (collective
+ * per bucket, like reduce_gradient); without, the call only checks `id`. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_grad_ready(shardopt_optimizer_t opt, int32_t id);
+/* config.overlap: return once param `id`'s (bucket `bucket`'s, 0 .. num_buckets-1; every) new
+ * values of the last step have landed on this rank. Local; without overlap they return at once. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_param(shardopt_optimizer_t opt, int32_t id);
+SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_bucket(shardopt_optimizer_t opt, int32_t bucket);
+SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_all(shardopt_optimizer_t opt);
+SHARDOPT_C_API shardopt_status shardopt_optimizer_num_buckets(shardopt_optimizer_t opt, int32_t* out);
 /* Collective, after reduce_gradients: the total norm (norm_type 2.0, or +infinity (HUGE_VAL)
  * for the max norm) of the averaged, unscaled gradients over all ranks' shards, as
  * torch.nn.utils.clip_grad_norm_ returns it (NaN if a gradient is inf or NaN). The next step

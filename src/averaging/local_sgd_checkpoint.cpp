@@ -178,10 +178,11 @@ void remove_older_saves(const std::string& dir, const std::string& keep) {
 void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
   ZeroOptimizer::Impl& opt = av.opt();
+  opt.overlap.wait_all();  // the last step's queued all-gathers (config.overlap) land first
   comm::AgreementRecord record("PostLocalSGDOptimizer::save");
   record.field("averager step", fmt::format("{}", av.step));
   record.validate([&] {
-    opt.reducer.check_no_open_round("save");
+    optim::check_no_open_round(opt, "save");
     SHARDOPT_CHECK(!dir.empty(), invalid_argument, "save: the directory is empty");
   });
   comm::agree(world, record);
@@ -267,12 +268,13 @@ void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
 void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
   ZeroOptimizer::Impl& opt = av.opt();
+  opt.overlap.wait_all();  // the last step's queued all-gathers (config.overlap) land first
   // Every rank reads the record itself (a checkpoint lives on a filesystem all ranks share);
   // the ranks agree that they read the same one and that it fits this job before anything.
   Record r;
   comm::AgreementRecord record("PostLocalSGDOptimizer::load");
   record.validate([&] {
-    opt.reducer.check_no_open_round("load");
+    optim::check_no_open_round(opt, "load");
     r = read_record(dir);
     SHARDOPT_CHECK(r.replicas == av.groups.num_replicas, mismatch,
                    "load: '{}' holds {} replicas, this job has {}", dir, r.replicas, av.groups.num_replicas);

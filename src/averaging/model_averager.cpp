@@ -100,6 +100,9 @@ void ModelAverager::average_parameters() {
   ZeroOptimizer::Impl& opt = im.opt();
   // A background save may still be reading the parameters averaged below (async_save.hpp).
   opt.async_save.wait_for_sources();
+  // With config.overlap the last step's all-gathers may still be queued on the optimizer's
+  // communication thread; the averaging collectives below must not run beside them.
+  opt.overlap.wait_all();
   const int level = averaging::level_at(im.config, im.step);
   if (level >= 0) {
     const bool outer_step = im.config.outer.enabled && level + 1 == static_cast<int>(im.config.levels.size());
@@ -109,7 +112,7 @@ void ModelAverager::average_parameters() {
     AgreementRecord record("average_parameters");
     record.field("averager step", fmt::format("{}", im.step));
     record.validate([&] {
-      opt.reducer.check_no_open_round("average_parameters");
+      optim::check_no_open_round(opt, "average_parameters");
       SHARDOPT_CHECK(!outer_step || im.outer.layout_version == shard.layout_version(), invalid_argument,
                      "average_parameters: the optimizer's layout changed (set_trainable or add_param_group) since the "
                      "outer optimizer's state was taken; build a new averager");

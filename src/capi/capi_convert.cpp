@@ -215,6 +215,13 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
   if (newer_than<v5::optimizer_config>(config)) {
     result.divide_by_initial_world_size = config->divide_by_initial_world_size != 0;
   }
+  if (newer_than<v6::optimizer_config>(config)) {
+    const int64_t overlap = config->overlap;
+    if (overlap < 0 || overlap > 2) {
+      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->overlap is {}, not a shardopt_overlap_policy (0..2)", overlap);
+    }
+    result.overlap = static_cast<OverlapPolicy>(overlap);
+  }
   return result;
 }
 

@@ -94,6 +94,30 @@ shardopt_status shardopt_optimizer_step(shardopt_optimizer_t opt) {
   return guard("shardopt_optimizer_step", [&] { checked_optimizer(opt, "opt").opt->step(); });
 }
 
+shardopt_status shardopt_optimizer_grad_ready(shardopt_optimizer_t opt, int32_t id) {
+  return guard("shardopt_optimizer_grad_ready", [&] { checked_optimizer(opt, "opt").opt->grad_ready(id); });
+}
+
+shardopt_status shardopt_optimizer_wait_param(shardopt_optimizer_t opt, int32_t id) {
+  return guard("shardopt_optimizer_wait_param", [&] { checked_optimizer(opt, "opt").opt->wait_param(id); });
+}
+
+shardopt_status shardopt_optimizer_wait_bucket(shardopt_optimizer_t opt, int32_t bucket) {
+  return guard("shardopt_optimizer_wait_bucket", [&] { checked_optimizer(opt, "opt").opt->wait_bucket(bucket); });
+}
+
+shardopt_status shardopt_optimizer_wait_all(shardopt_optimizer_t opt) {
+  return guard("shardopt_optimizer_wait_all", [&] { checked_optimizer(opt, "opt").opt->wait_all(); });
+}
+
+shardopt_status shardopt_optimizer_num_buckets(shardopt_optimizer_t opt, int32_t* out) {
+  return guard("shardopt_optimizer_num_buckets", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    if (out == nullptr) fail(SHARDOPT_ERR_NULL_POINTER, "out is NULL");
+    *out = o.opt->num_buckets();
+  });
+}
+
 shardopt_status shardopt_optimizer_join(shardopt_optimizer_t opt) {
   return guard("shardopt_optimizer_join", [&] { checked_optimizer(opt, "opt").opt->join(); });
 }

@@ -37,6 +37,15 @@ const char* partition_name(PartitionStrategy partition) {
   return "unknown";
 }
 
+const char* overlap_policy_name(OverlapPolicy policy) {
+  switch (policy) {
+    case OverlapPolicy::off: return "off";
+    case OverlapPolicy::after_backward: return "after_backward";
+    case OverlapPolicy::per_bucket: return "per_bucket";
+  }
+  return "unknown";
+}
+
 const char* version() { return SHARDOPT_VERSION_STRING; }
 
 }  // namespace shardopt

@@ -56,7 +56,18 @@ void validate_config(const OptimizerConfig& config) {
   SHARDOPT_CHECK(config.stage == 1 || config.stage == 2, invalid_argument, "stage must be 1 or 2, got {}", config.stage);
   SHARDOPT_CHECK(config.stage == 1 || config.shard_state, invalid_argument,
                  "stage 2 shards gradients by the optimizer state's partition; it needs shard_state = true");
+  const int overlap = static_cast<int>(config.overlap);
+  SHARDOPT_CHECK(overlap >= 0 && overlap <= 2, invalid_argument,
+                 "config.overlap {} is not off, after_backward or per_bucket", overlap);
+  SHARDOPT_CHECK(config.overlap == OverlapPolicy::off || config.storage == Storage::bucket_view, invalid_argument,
+                 "config.overlap = {} needs storage = bucket_view (gradients handed over in place or copied into "
+                 "shardopt's buffers); with external storage reduce_gradients() reads them all at once",
+                 overlap_policy_name(config.overlap));
   const LossScaling& ls = config.loss_scaling;
+  SHARDOPT_CHECK(config.overlap != OverlapPolicy::per_bucket || !ls.enabled, invalid_argument,
+                 "config.overlap = per_bucket updates each bucket as soon as its reduction lands, before any rank "
+                 "could know whether a gradient is inf/NaN, so it cannot be combined with loss scaling; use "
+                 "overlap = after_backward");
   if (!ls.enabled) return;
   SHARDOPT_CHECK(std::isfinite(ls.init_scale) && ls.init_scale > 0, invalid_argument,
                  "loss_scaling.init_scale must be finite and > 0, got {}", ls.init_scale);
@@ -90,6 +101,7 @@ void add_config_fields(const OptimizerConfig& config, comm::AgreementRecord& rec
   record.field("config.loss_scaling.growth_interval", text(ls.growth_interval));
   record.field("config.loss_scaling.min_scale", text(ls.min_scale));
   record.field("config.divide_by_initial_world_size", text(config.divide_by_initial_world_size));
+  record.field("config.overlap", overlap_policy_name(config.overlap));
   record.field("config.defaults", config.defaults ? "set" : "unset");
   if (config.defaults) add_hyper_fields(*config.defaults, "config.defaults.", record);
 }

@@ -25,7 +25,7 @@ comm::AgreementRecord shadow_record(ZeroOptimizer::Impl& im, bool first) {
   record.validate([&] {
     // Within a pass the round this rank opened by handing zeros stays open until the active
     // ranks finish it; the caller must not come in with one of its own.
-    if (first) im.reducer.check_no_open_round("join");
+    if (first) check_no_open_round(im, "join");
     const kernels::GradStats two = im.step.local_grad_stats(false);
     const kernels::GradStats inf = im.step.local_grad_stats(true);
     record.set_payload(kShadowNormTwo, comm::double_bits(two.value));
@@ -38,7 +38,43 @@ comm::AgreementRecord shadow_record(ZeroOptimizer::Impl& im, bool first) {
 
 // reduce_gradients (stage 1, external storage) or the end of a stage-2 round: zeros in, the
 // same collectives as the active ranks.
+// config.overlap: a round the active ranks opened (`agreed`), with zeros for every bucket.
+void shadow_open_overlapped(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
+  if (im.overlap.per_bucket()) {
+    check_shadows_step_state(agreed);
+    im.async_save.wait_for_sources();  // the buckets' updates start in this round
+  }
+  prepare_reduction(im, agreed);
+  im.overlap.open_round(agreed, /*explicit_hand_over=*/false);
+  im.overlap.hand_zeros();
+}
+
+// config.overlap, the active ranks in reduce_gradients(): `agreed` opened the round (no
+// hand-over came first; the order check follows), or it was the order check of the round the
+// active ranks' first hand-over opened. The buckets of a round with a rank in join() are
+// issued after the order check, in position order, on every rank.
+void shadow_reduce_overlapped(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
+  try {
+    if (!im.overlap.round_open()) {
+      shadow_open_overlapped(im, agreed);
+      im.overlap.close_hand_over();
+      comm::AgreementRecord handed("reduce_gradients");
+      agree_shadowing(im, handed);
+    } else {
+      im.overlap.close_hand_over();
+    }
+    im.overlap.settle_round();
+  } catch (...) {
+    im.overlap.abandon_round();
+    throw;
+  }
+}
+
 void shadow_reduce_gradients(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
+  if (im.overlap.enabled()) {
+    shadow_reduce_overlapped(im, agreed);
+    return;
+  }
   prepare_reduction(im, agreed);
   if (!(im.shard.stage2() && im.shard.bucket_view())) {
     // Zero gradients: its own (bucket view) or the caller's registered buffers (external).
@@ -135,7 +171,11 @@ bool shadow_until_step(ZeroOptimizer::Impl& im) {
     if (op == "reduce_gradients") {
       shadow_reduce_gradients(im, agreed);
     } else if (op == "reduce_gradient") {
-      // A stage-2 round opened by the active ranks' first hand-over: zeros for every param.
+      // A round opened by the active ranks' first hand-over: zeros for every param.
+      if (im.overlap.enabled()) {
+        shadow_open_overlapped(im, agreed);
+        continue;
+      }
       prepare_reduction(im, agreed);
       im.reducer.hand_zeros();
     } else if (op == "clip_grad_norm") {

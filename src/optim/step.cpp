@@ -122,11 +122,16 @@ void Step::run_all(bool any_nonfinite, double agree_seconds) {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     double update_seconds = 0.0;
-    sync_.update_and_sync([&](int64_t lo, int64_t hi) {
+    const std::function<void(int64_t, int64_t)> update = [&](int64_t lo, int64_t hi) {
       const auto update_start = Clock::now();
       update_range(lo, hi);
       update_seconds += std::chrono::duration<double>(Clock::now() - update_start).count();
-    });
+    };
+    if (driver_) {
+      driver_(update);
+    } else {
+      sync_.update_and_sync(update);
+    }
     report_.update_seconds = update_seconds;
     report_.sync_seconds = std::chrono::duration<double>(Clock::now() - start).count() - update_seconds;
     advance_steps();

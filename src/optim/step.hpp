@@ -5,6 +5,7 @@
 // same on every rank, so every rank computes the same scale, factor and step counts.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "cpu/update_cpu.hpp"
@@ -30,6 +31,14 @@ class Step {
   // some rank) or update and sync. Params marked sits_out_step are left as they are, and
   // unmarked afterwards.
   void run(bool any_nonfinite, double agree_seconds);
+
+  // How the update reaches the shard and the sync follows (ParamSync::update_and_sync's
+  // contract); unset: ParamSync::update_and_sync. The overlap engine sets its own.
+  using UpdateDriver = std::function<void(const std::function<void(int64_t, int64_t)>&)>;
+  void set_update_driver(UpdateDriver driver) { driver_ = std::move(driver); }
+  // The update of this rank's shard elements [lo, hi) with the current step's scalars (no loss
+  // scale, no clipping armed): the overlap engine's per-bucket update, on its thread.
+  void update_part(int64_t lo, int64_t hi) { update_range(lo, hi); }
 
   double loss_scale() const { return scale_; }
   int64_t growth_tracker() const { return growth_tracker_; }
@@ -57,6 +66,7 @@ class Step {
   bool nonfinite_ = false;
   StepReport report_;
   core::FlatBuffer stats_scratch_;  // on a device: two doubles of gradient statistics, then the workspace
+  UpdateDriver driver_;
 };
 
 }  // namespace optim

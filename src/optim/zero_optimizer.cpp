@@ -42,10 +42,12 @@ comm::Agreed agree_joinable(ZeroOptimizer::Impl& im, const AgreementRecord& reco
   return comm::agree_with_joined(im.dev.host_comm(), record);
 }
 
-// The record a checkpoint call starts with: no open stage-2 round.
+// The record a checkpoint call starts with: no open stage-2 round. With config.overlap the
+// last step's queued all-gathers land first: they read the shard a load overwrites.
 AgreementRecord checkpoint_call(ZeroOptimizer::Impl& im, const char* operation) {
+  im.overlap.wait_all();
   AgreementRecord record(operation);
-  record.validate([&] { im.reducer.check_no_open_round(operation); });
+  record.validate([&] { optim::check_no_open_round(im, operation); });
   return record;
 }
 
@@ -63,10 +65,13 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
   const std::size_t first_id = im.table.size();
   const int first_group = im.table.num_groups();
   record.validate([&] {
-    im.reducer.check_no_open_round(record.operation().c_str());
+    optim::check_no_open_round(im, record.operation().c_str());
     const std::string comm_label = fmt::format("the {} communicator", im.dev.comm().backend_name());
     added = im.table.prepare(specs, im.config, im.dev.comm().device(), comm_label, im.dev.rank());
     im.dev.adopt(added.choice.device);
+    SHARDOPT_CHECK(!im.overlap.enabled() || !added.choice.device.is_cuda(), unsupported,
+                   "config.overlap = {} is available for CPU parameters only; these are on {}",
+                   overlap_policy_name(im.config.overlap), device_name(added.choice.device));
     // Sizes the layout cannot hold, or buffers this machine cannot, fail every rank here.
     const optim::MemoryBudget budget =
         optim::registration_budget(im.config, im.table, added, im.dev.rank(), im.dev.world());
@@ -78,6 +83,43 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
   im.table.append(std::move(added));
   im.shard.rebuild(initial, first_id);
   im.reducer.reset();
+  im.overlap.reset();
+}
+
+// config.overlap: a round opens with a small agreement (it tells ranks in join() to hand
+// zeros, and every rank which ranks contribute); per_bucket agrees on the step's
+// hyperparameters, loss scale and layout here, since buckets are updated before step().
+void open_overlapped_round(ZeroOptimizer::Impl& im, const char* operation, bool explicit_hand_over) {
+  // per_bucket changes parameters and state from here on: a background save must have read them.
+  if (im.overlap.per_bucket()) im.async_save.wait_for_sources();
+  AgreementRecord record(operation);
+  record.validate([&] { im.overlap.check_can_open(); });
+  if (im.overlap.per_bucket()) {
+    optim::add_step_fields(im, record);
+    record.set_payload(optim::kStepStateHash, optim::step_state_hash(im));
+  }
+  const comm::Agreed agreed = agree_joinable(im, record);
+  if (im.overlap.per_bucket()) optim::check_shadows_step_state(agreed);
+  optim::prepare_reduction(im, agreed);
+  im.overlap.open_round(agreed, explicit_hand_over);
+}
+
+// reduce_gradients() with config.overlap: the ranks agree on the order they completed the
+// buckets in (the first round's is learned), then the rest is issued and, unless per_bucket,
+// waited for.
+void reduce_overlapped(ZeroOptimizer::Impl& im) {
+  if (!im.overlap.round_open()) open_overlapped_round(im, "reduce_gradients", false);
+  const optim::OverlapEngine::RoundEnd end = im.overlap.close_hand_over();
+  AgreementRecord handed("reduce_gradients");
+  handed.field("bucket hand-over order", end.order);
+  if (end.failure) handed.fail(*end.failure);
+  try {
+    agree_joinable(im, handed);
+    im.overlap.settle_round();
+  } catch (...) {
+    im.overlap.abandon_round();
+    throw;
+  }
 }
 
 }  // namespace
@@ -91,6 +133,10 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig
   // SHARDOPT_CPU_ISA naming an ISA this CPU lacks fails here, on every rank together, rather
   // than at the first kernel call of one rank.
   record.validate([] { kernels::active_cpu_isa(); });
+  // config.overlap on a communicator that cannot be called from the communication thread.
+  record.validate([&] {
+    if (impl_->overlap_refused) throw *impl_->overlap_refused;
+  });
   if (config.defaults) {
     record.validate([&] { optim::validate_hyperparams(*config.defaults, config.algorithm, "config.defaults"); });
   }
@@ -118,7 +164,7 @@ void ZeroOptimizer::set_trainable(ParamId id, bool trainable) try {
   std::string name;
   record.validate([&] {
     name = im.table.param(id).name;
-    im.reducer.check_no_open_round("set_trainable");
+    optim::check_no_open_round(im, "set_trainable");
   });
   record.field("set_trainable parameter", name.empty() ? fmt::format("#{}", id) : "'" + name + "'");
   record.field("set_trainable value", trainable ? "true" : "false");
@@ -131,6 +177,7 @@ void ZeroOptimizer::set_trainable(ParamId id, bool trainable) try {
   p.has_momentum_buffer = false;
   im.shard.rebuild();
   im.reducer.reset();
+  im.overlap.reset();
 } catch (const Error& e) {
   raise_within("set_trainable", e);
 }
@@ -189,6 +236,10 @@ void* ZeroOptimizer::cuda_stream() const { return impl_->dev.stream(); }
 
 void ZeroOptimizer::reduce_gradients() try {
   Impl& im = *impl_;
+  if (im.overlap.enabled()) {
+    reduce_overlapped(im);
+    return;
+  }
   // Ranks in join() contribute zeros; the average divides by the ranks that contributed.
   optim::prepare_reduction(im, agree_joinable(im, AgreementRecord("reduce_gradients")));
   const uint64_t order = im.reducer.reduce_all();
@@ -204,6 +255,11 @@ void ZeroOptimizer::reduce_gradients() try {
 
 void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) try {
   Impl& im = *impl_;
+  if (im.overlap.enabled()) {
+    if (!im.overlap.round_open()) open_overlapped_round(im, "reduce_gradient", true);
+    im.overlap.hand(id, grad);
+    return;
+  }
   if (im.shard.stage2() && im.shard.bucket_view() && !im.reducer.round_started()) {
     // A round opens with a small agreement: it tells the ranks in join() to hand zeros, and
     // every rank which ranks contribute, before any bucket is reduced.
@@ -213,6 +269,29 @@ void ZeroOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) try {
 } catch (const Error& e) {
   raise_within("reduce_gradient", e);
 }
+
+void ZeroOptimizer::grad_ready(ParamId id) try {
+  Impl& im = *impl_;
+  const std::string& name = im.table.param(id).name;  // range check
+  SHARDOPT_CHECK(im.shard.bucket_view(), invalid_argument,
+                 "grad_ready('{}'): for gradients written into grad_view() (bucket view); with external storage "
+                 "reduce_gradients() reads the registered gradient buffers",
+                 name);
+  SHARDOPT_CHECK(!im.shard.stage2(), invalid_argument,
+                 "grad_ready('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients; hand each "
+                 "gradient with reduce_gradient()",
+                 name);
+  if (!im.overlap.enabled()) return;  // reduce_gradients() reads every gradient in place
+  if (!im.overlap.round_open()) open_overlapped_round(im, "reduce_gradient", true);
+  im.overlap.ready(id);
+} catch (const Error& e) {
+  raise_within("grad_ready", e);
+}
+
+void ZeroOptimizer::wait_param(ParamId id) { impl_->overlap.wait_param(id); }
+void ZeroOptimizer::wait_bucket(int bucket) { impl_->overlap.wait_bucket(bucket); }
+void ZeroOptimizer::wait_all() { impl_->overlap.wait_all(); }
+int ZeroOptimizer::num_buckets() const { return impl_->overlap.num_buckets(); }
 
 double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) try {
   Impl& im = *impl_;
@@ -225,7 +304,10 @@ double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) try {
                    "clip_grad_norm: max_norm must be a finite number >= 0, got {}", max_norm);
     SHARDOPT_CHECK(inf_norm || norm_type == 2.0, invalid_argument,
                    "clip_grad_norm: norm_type {} is not supported (2 or inf)", norm_type);
-    im.reducer.check_no_open_round("clip_grad_norm");
+    optim::check_no_open_round(im, "clip_grad_norm");
+    SHARDOPT_CHECK(!im.overlap.per_bucket(), invalid_argument,
+                   "clip_grad_norm: config.overlap = per_bucket updates each bucket as soon as its reduction lands, "
+                   "before a norm over all gradients exists, so it cannot clip; use overlap = after_backward");
     // This rank's partial: a double and the inf/NaN flag, moved in the record's payload.
     const kernels::GradStats mine = im.step.local_grad_stats(inf_norm);
     record.set_payload(0, comm::double_bits(mine.value));
@@ -266,13 +348,16 @@ void ZeroOptimizer::step(const std::vector<ParamId>& without_grad) try {
   sitting_out.erase(std::unique(sitting_out.begin(), sitting_out.end()), sitting_out.end());
   record.validate([&] {
     for (ParamId id : sitting_out) im.table.param(id);  // range check
+    SHARDOPT_CHECK(sitting_out.empty() || !im.overlap.per_bucket(), invalid_argument,
+                   "step(without_grad): config.overlap = per_bucket has updated every bucket as its reduction landed; "
+                   "params cannot sit a step out");
   });
   std::string sitting_out_text;
   for (ParamId id : sitting_out) sitting_out_text += (sitting_out_text.empty() ? "ids " : ",") + std::to_string(id);
   record.field("params without a gradient", sitting_out_text.empty() ? "none" : sitting_out_text);
   // Loss scaling needs to know, on every rank alike, whether any gradient is inf or NaN.
   record.validate([&] {
-    im.reducer.check_no_open_round("step");
+    optim::check_no_open_round(im, "step");
     record.set_payload(0, im.step.local_nonfinite() ? 1 : 0);
   });
   // For ranks in join(): how many params sit out, and the state they must step with.
@@ -325,7 +410,8 @@ MemoryReport ZeroOptimizer::memory_report() const {
   }
   report.param_bytes = shard.flat_params().bytes();
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
-  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes();
+  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes() +
+                        impl_->overlap.staging_bytes();
   if (const comm::NodeTopology* nodes = shard.node_sharing()) {
     const int64_t shared = shard.shared_buffer().bytes();
     (shard.bucket_view() ? report.param_bytes : report.buffer_bytes) -= shared;
@@ -372,6 +458,7 @@ void ZeroOptimizer::load(const std::string& dir) try {
   agree(im, checkpoint_call(im, "load"));
   checkpoint::load_checkpoint(parts_of(im), dir);
   im.reducer.reset();
+  im.overlap.reset();
   im.sync.sync();
 } catch (const Error& e) {
   raise_within("load", e);
@@ -379,6 +466,7 @@ void ZeroOptimizer::load(const std::string& dir) try {
 
 void ZeroOptimizer::consolidate_state_dict(int to) try {
   Impl& im = *impl_;
+  im.overlap.wait_all();  // as checkpoint_call: the queued work settles before state is read
   AgreementRecord record("consolidate_state_dict");
   record.field("target rank", fmt::format("{}", to));
   record.validate([&] {

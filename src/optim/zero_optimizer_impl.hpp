@@ -7,6 +7,7 @@
 #include "checkpoint/async_save.hpp"
 #include "optim/device_context.hpp"
 #include "optim/grad_reducer.hpp"
+#include "optim/overlap.hpp"
 #include "optim/param_sync.hpp"
 #include "optim/param_table.hpp"
 #include "optim/shard_state.hpp"
@@ -17,21 +18,32 @@ namespace shardopt {
 
 struct ZeroOptimizer::Impl {
   Impl(std::shared_ptr<Communicator> comm, const OptimizerConfig& cfg)
+      : Impl(optim::overlap_communicator(std::move(comm), cfg), cfg) {}
+  Impl(optim::OverlapComm wired, const OptimizerConfig& cfg)
       : config(cfg),
-        dev(std::move(comm)),
+        comm_thread(std::move(wired.thread)),
+        overlap_refused(std::move(wired.refused)),
+        dev(std::move(wired.comm)),
         table(cfg.defaults.value_or(default_hyperparams(cfg.algorithm))),
         shard(dev, config, table),
         reducer(dev, config, table, shard),
         sync(dev, config, table, shard),
-        step(dev, config, table, shard, sync) {}
+        step(dev, config, table, shard, sync),
+        overlap(comm_thread, dev, config, table, shard, sync, step) {}
 
   OptimizerConfig config;
+  // config.overlap: the thread every communicator call runs on (null when off), or why the
+  // communicator could not be used from it (the constructor's agreement raises it).
+  std::shared_ptr<comm::CommThread> comm_thread;
+  std::optional<Error> overlap_refused;
   optim::DeviceContext dev;  // declared before the buffers: its stream outlives them
   optim::ParamTable table;
   optim::ShardState shard;
   optim::GradReducer reducer;
   optim::ParamSync sync;
   optim::Step step;
+  // Declared after the buffers its queued work reads and writes: destroyed (drained) first.
+  optim::OverlapEngine overlap;
   // consolidate_state_dict(to)'s result, on rank `to` only.
   std::optional<StateDict> consolidated;
   // How checkpoints stage state between the buffers above and the host (tests set it).
@@ -42,5 +54,13 @@ struct ZeroOptimizer::Impl {
 };
 
 ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer);
+
+namespace optim {
+// `what` may not run while a gradient round (plain stage 2, or overlapped) is open.
+inline void check_no_open_round(ZeroOptimizer::Impl& im, const char* what) {
+  im.reducer.check_no_open_round(what);
+  im.overlap.check_no_open_round(what);
+}
+}  // namespace optim
 
 }  // namespace shardopt

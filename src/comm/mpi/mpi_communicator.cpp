@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "comm/comm_thread.hpp"
 #include "comm/mpi/half_ops.hpp"
 #include "comm/mpi/half_reduce.hpp"
 #include "comm/mpi/mpi_cuda_support.hpp"
@@ -91,7 +92,7 @@ int checked_count(int64_t count, const char* op) {
   return static_cast<int>(count);
 }
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
  public:
   MpiCommunicator(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent, const CommOptions& options)
       : state_(std::make_shared<MpiCommState>(std::move(runtime), parent, options)),
@@ -104,6 +105,7 @@ class MpiCommunicator final : public Communicator {
   const char* backend_name() const override { return "mpi"; }
   bool cuda_aware() const override { return cuda_aware_; }
   void* cuda_stream() const override { return nullptr; }
+  void require_serialized_calls() const override { require_serialized_thread_level(); }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     broadcast_async(buffer, count, dtype, root)->wait();

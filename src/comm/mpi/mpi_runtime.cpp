@@ -17,7 +17,9 @@ MpiRuntime::MpiRuntime() {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    // SERIALIZED: with config.overlap the optimizer's calls run on its communication thread
+    // (comm/comm_thread.hpp), one call at a time; require_serialized_thread_level() checks.
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
       raise(ErrorCode::comm, "MPI_Init_thread failed");
     }
     owns_ = true;
@@ -80,6 +82,26 @@ ErrorsReturn::ErrorsReturn(MPI_Comm comm) : comm_(comm) {
 ErrorsReturn::~ErrorsReturn() {
   MPI_Comm_set_errhandler(comm_, saved_);
   MPI_Errhandler_free(&saved_);  // the reference MPI_Comm_get_errhandler returned
+}
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "an unknown MPI thread level";
+  }
+}
+
+void require_serialized_thread_level() {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  SHARDOPT_CHECK(provided >= MPI_THREAD_SERIALIZED, unsupported,
+                 "config.overlap runs the optimizer's MPI calls on a communication thread, which needs MPI "
+                 "initialised with MPI_THREAD_SERIALIZED or higher, but this process's MPI provides {} (initialise "
+                 "MPI with MPI_Init_thread(..., MPI_THREAD_SERIALIZED, ...), or let shardopt initialise it)",
+                 thread_level_name(provided));
 }
 
 std::string mpi_error_string(int code) {

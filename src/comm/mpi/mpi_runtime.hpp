@@ -11,7 +11,7 @@
 namespace shardopt {
 namespace comm {
 
-// Initialises MPI when nobody has (MPI_THREAD_FUNNELED) and, in that case only, finalises it
+// Initialises MPI when nobody has (MPI_THREAD_SERIALIZED) and, in that case only, finalises it
 // when destroyed. One per process: see shared_mpi_runtime().
 //
 // Finalising is bounded: MPI_Finalize waits for every process of the job, forever when one has
@@ -65,6 +65,11 @@ class ErrorsReturn {
 // on MPI_COMM_WORLD; returns MPI's code (MPI_SUCCESS unless it failed) and sets `completed`.
 // The one polling loop of shardopt's MPI code.
 int test_until(MPI_Request& request, const Deadline& deadline, bool& completed);
+
+// MPI_Query_thread's level in words, and Error(unsupported) naming it when it is below
+// MPI_THREAD_SERIALIZED (whoever initialised MPI).
+const char* thread_level_name(int level);
+void require_serialized_thread_level();
 
 // MPI's text for an error code.
 std::string mpi_error_string(int code);

@@ -31,7 +31,8 @@ namespace comm {
 
 // A communicator's duplicate MPI_Comm and everything its pending collectives need, held by
 // shared_ptr so that a pending collective may outlive its communicator. Used from one thread
-// (shardopt initialises MPI with MPI_THREAD_FUNNELED), so there is no lock.
+// at a time (shardopt initialises MPI with MPI_THREAD_SERIALIZED: the caller, or with
+// config.overlap its communication thread), so there is no lock.
 class MpiCommState {
  public:
   // Duplicates `parent` (collective over it), makes MPI return errors instead of aborting, and

@@ -1,0 +1,140 @@
+// src/optim/overlap.hpp — the overlap engine: gradients handed over as backward produces them, each bucket reduced on the communication thread once complete, the update per bucket or after backward, the all-gathers in forward order, waited for per parameter.
+//
+// With config.overlap every communicator call of the optimizer runs on one communication
+// thread (comm/comm_thread.hpp), in the order issued, so the collectives of all ranks match
+// when the ranks issue them in the same order. The engine makes sure they do: the first round
+// issues nothing before reduce_gradients() has the ranks agree on the order in which they
+// completed the buckets; that order is kept, and later rounds issue a bucket as soon as it and
+// every bucket before it in that order are complete. While a rank is in join() the buckets are
+// issued at the end of the round in position order instead (the joined rank hands zeros in
+// its own order). Buckets are the layout's positions cut every bucket_elements: the same
+// collectives, with the same counts, as the plain reduction, hence the same bits.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/agreement.hpp"
+#include "comm/comm_thread.hpp"
+#include "optim/param_sync.hpp"
+#include "optim/step.hpp"
+
+namespace shardopt {
+namespace optim {
+
+// The communicator an optimizer with `config` uses: with config.overlap, `comm` serialised on a
+// new communication thread, unless the communicator cannot be called from another thread
+// (then `comm` itself, and `refused` says why: the constructor's agreement raises it).
+struct OverlapComm {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<comm::CommThread> thread;
+  std::optional<Error> refused;
+};
+OverlapComm overlap_communicator(std::shared_ptr<Communicator> comm, const OptimizerConfig& config);
+
+class OverlapEngine {
+ public:
+  // Sets `step`'s update driver when `thread` is not null (overlap enabled).
+  OverlapEngine(std::shared_ptr<comm::CommThread> thread, const DeviceContext& dev, const OptimizerConfig& config,
+                const ParamTable& table, ShardState& shard, ParamSync& sync, Step& step);
+  // Waits for the queued work: it reads and writes the buffers destroyed after this.
+  ~OverlapEngine();
+  OverlapEngine(const OverlapEngine&) = delete;
+  OverlapEngine& operator=(const OverlapEngine&) = delete;
+
+  bool enabled() const { return thread_ != nullptr; }
+  bool per_bucket() const { return config_.overlap == OverlapPolicy::per_bucket; }
+  bool round_open() const { return open_; }
+  // Inside a round's opening agreement: per_bucket needs step() between two rounds.
+  void check_can_open() const;
+  // After the round's opening agreement (`agreed`: who contributes). `explicit_hand_over`:
+  // opened by grad_ready/reduce_gradient, whose completion order is the one learned.
+  void open_round(const comm::Agreed& agreed, bool explicit_hand_over);
+  void hand(ParamId id, const TensorRef& grad);  // reduce_gradient
+  void ready(ParamId id);                         // grad_ready
+  void hand_zeros();                              // a rank in join(): zeros for every param not handed
+
+  // reduce_gradients(): completes the buckets of params never handed (zeros at stage 2, the
+  // gradients in place at stage 1) so every rank issues the same collectives (with the order
+  // learned, every bucket is issued now), and returns the order to agree on and this rank's
+  // failure, if any.
+  struct RoundEnd {
+    std::string order;
+    std::optional<Error> failure;
+  };
+  RoundEnd close_hand_over();
+  // After the ranks agreed on the order: learns it (first round), issues what is left (all of
+  // it in the first round and while a rank is in join(), in position order then) and, unless
+  // per_bucket, waits for every reduction.
+  void settle_round();
+  // After a failed agreement or a failed call: waits for the queued work and forgets the round.
+  void abandon_round() noexcept;
+  void check_no_open_round(const char* what) const;
+
+  int num_buckets() const;
+  int64_t staging_bytes() const;  // stage 2: the buckets assembled for reduction
+  void wait_bucket(int bucket);
+  void wait_param(ParamId id);
+  void wait_all();
+  // The layout changed (no round open): waits for queued work, forgets buckets and order.
+  void reset();
+
+ private:
+  struct Bucket {
+    int64_t begin = 0;
+    int64_t length = 0;
+    int64_t trainable = 0;  // trainable elements in it
+    int64_t missing = 0;    // of those, not handed yet
+    int slot = -1;          // stage 2: staging buffer, -1 until first written
+    bool issued = false;
+  };
+
+  const partition::Layout& layout() const { return shard_.layout(); }
+  int64_t bucket_numel() const { return bucket_elements(config_, shard_.dtype()); }
+  bool gathers_per_bucket() const;
+  void validate_hand(ParamId id, const char* call) const;
+  void mark(std::size_t param);
+  void copy_into_staging(std::size_t param, const void* grad);
+  int acquire_staging();
+  void reclaim_staging(bool wait_for_one);
+  void try_issue();
+  void issue(int bucket);
+  void run_bucket(int64_t begin, int64_t length, const char* staged, bool has_trainable, ReduceOp op);
+  void complete_missing(bool zero_in_place);
+  void gather_bucket(int64_t begin, int64_t length);
+  void update_and_gather(const std::function<void(int64_t, int64_t)>& update);
+  std::vector<int> forward_order() const;
+  void wait_tickets(std::vector<std::shared_ptr<comm::Ticket>>& tickets);
+  void end_round();
+
+  std::shared_ptr<comm::CommThread> thread_;
+  const DeviceContext& dev_;
+  const OptimizerConfig& config_;
+  const ParamTable& table_;
+  ShardState& shard_;
+  ParamSync& sync_;
+  Step& step_;
+
+  // The round.
+  bool open_ = false;
+  bool explicit_ = false;
+  bool deferred_ = false;  // a rank is in join(): issue at the end, in position order
+  std::vector<Bucket> buckets_;
+  std::vector<bool> handed_;
+  std::vector<int> completed_;  // buckets in the order they completed on this rank
+  std::size_t next_issue_ = 0;  // into learned_
+  std::vector<std::shared_ptr<comm::Ticket>> reductions_;  // per bucket, this round's
+  bool updated_in_round_ = false;  // per_bucket: the round's buckets were updated on the thread
+
+  // Across rounds.
+  std::vector<int> learned_;         // the agreed bucket order (empty until learned)
+  uint64_t learned_layout_ = 0;      // the layout version it was learned for
+  std::vector<std::shared_ptr<comm::Ticket>> gathers_;  // per bucket, the last step's
+  std::vector<core::FlatBuffer> staging_;
+  std::vector<bool> staging_busy_;
+};
+
+}  // namespace optim
+}  // namespace shardopt
