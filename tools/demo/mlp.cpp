@@ -12,12 +12,14 @@
 namespace shardopt_demo {
 
 double Mlp::forward_backward(const std::vector<LinearTensors>& net, const float* input,
-                             const float* target, const std::function<void(int)>& layer_done) {
+                             const float* target, const std::function<void(int)>& layer_done,
+                             const std::function<void(int)>& before_layer) {
   const int n = width_;
   const int b = batch_;
   const std::size_t elems = static_cast<std::size_t>(b) * n;
   std::copy(input, input + elems, activations_[0].begin());
   for (int l = 0; l < layers_; ++l) {
+    if (before_layer) before_layer(l);
     const float* x = activations_[l].data();
     float* y = activations_[l + 1].data();
     // y = x W^T + bias: start from the bias in every row, then accumulate the product.
