@@ -106,9 +106,11 @@ const char* const usage_text =
     "final_loss: the last step's loss, the mean over all ranks.\n"
     "With --overlap, two more lines follow:\n"
     "  mode=M_overlap ... (as above)\n"
-    "  overlap: policy=P visible_ms_median plain=X overlap=Y ratio=Z params_sum_match=yes|no\n"
+    "  overlap: policy=P visible_ms_median plain=X overlap=Y ratio=Z iter_ms_median plain=X\n"
+    "    overlap=Y ratio=Z params_sum_match=yes|no   (one line)\n"
     "visible_ms: per iteration, the time spent inside shardopt calls (gradient hand-over,\n"
-    "reduce_gradients, clip_grad_norm, step, wait_param), the median over the steps.\n";
+    "reduce_gradients, clip_grad_norm, step, wait_param); iter_ms: forward/backward plus those\n"
+    "calls (not the demo's barriers); medians over the steps, ratio overlap/plain.\n";
 
 namespace {
 

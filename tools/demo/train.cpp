@@ -249,6 +249,7 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   make_batch(options.seed, rank, input, target);
   std::vector<double> step_ms;
   std::vector<double> visible_step_ms;
+  std::vector<double> iter_ms;
   double loss = 0.0;
   // Only the steps count: neither the construction nor --resume/--save.
   const int64_t world_bytes_before = world_counter->bytes;
@@ -266,9 +267,12 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
     refresh_views();
     // The backward pass overwrites the gradients, so no zero_grad() is needed.
     visible_ms = 0.0;
-    loss = mlp.forward_backward(net, input.data(), target.data(), layer_done, before_layer);
-    timed(visible_ms, reduce_gradients);
-    if (options.clip > 0.0) timed(visible_ms, [&] { opt.clip_grad_norm(options.clip); });
+    double compute_ms = 0.0;  // forward/backward (its hooks included) and the gradient calls
+    timed(compute_ms, [&] {
+      loss = mlp.forward_backward(net, input.data(), target.data(), layer_done, before_layer);
+      timed(visible_ms, reduce_gradients);
+      if (options.clip > 0.0) timed(visible_ms, [&] { opt.clip_grad_norm(options.clip); });
+    });
 
     // Time step() alone, between barriers, as one times torch's opt.step(): the update of
     // this rank's shard plus (sharded) the parameter sync (local SGD: and the averaging).
@@ -280,6 +284,7 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
     step_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
     // The next forward's waits belong to the next iteration; step() counts in this one.
     visible_step_ms.push_back(visible_ms + step_ms.back());
+    iter_ms.push_back(compute_ms + step_ms.back());
     if (half && !overlap) {
       refresh_views();
       widen_params();
@@ -374,6 +379,7 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   result.peak_rss_mb = peak_rss_mib();
   result.step_ms_median = median(step_ms);
   result.visible_ms_median = median(visible_step_ms);
+  result.iter_ms_median = median(iter_ms);
   result.params_sum = sum;
   result.final_loss = static_cast<double>(final_loss);
   result.steps = options.steps;

@@ -25,6 +25,9 @@ struct ModeResult {
   // Per iteration, the time spent inside shardopt calls (gradient hand-over, reduce_gradients,
   // clip_grad_norm, step, wait_param): what the trainer sees of the optimizer. The median.
   double visible_ms_median = 0.0;
+  // Per iteration, forward/backward plus the optimizer calls after it (not the demo's barriers):
+  // with overlap the communication thread's share of the cores shows up here. The median.
+  double iter_ms_median = 0.0;
   double params_sum = 0.0;  // local_sgd: of this rank's replica
   double final_loss = 0.0;  // the last step's loss, the mean over all ranks of the world
   int steps = 0;
