@@ -12,12 +12,14 @@
 namespace shardopt_demo {
 
 double Mlp::forward_backward(const std::vector<LinearTensors>& net, const float* input,
-                             const float* target, const std::function<void(int)>& layer_done) {
+                             const float* target, const std::function<void(int)>& layer_done,
+                             const std::function<void(int)>& before_layer) {
   const int n = width_;
   const int b = batch_;
   const std::size_t elems = static_cast<std::size_t>(b) * n;
   std::copy(input, input + elems, activations_[0].begin());
   for (int l = 0; l < layers_; ++l) {
+    if (before_layer) before_layer(l);
     const float* x = activations_[l].data();
     float* y = activations_[l + 1].data();
     // y = x W^T + bias: start from the bias in every row, then accumulate the product.
@@ -53,8 +55,10 @@ double Mlp::forward_backward(const std::vector<LinearTensors>& net, const float*
       const float* row = dy + static_cast<std::size_t>(r) * n;
       for (int j = 0; j < n; ++j) db[j] += row[j];
     }
-    if (layer_done) layer_done(l);
-    if (l == 0) break;  // nobody needs the gradient of the input
+    if (l == 0) {  // nobody needs the gradient of the input
+      if (layer_done) layer_done(l);
+      break;
+    }
     // dX = dY W   ([batch x out] . [out x in]), then through the previous ReLU: x > 0
     // exactly where its pre-activation was > 0.
     float* dx = grad_in_.data();
@@ -63,6 +67,10 @@ double Mlp::forward_backward(const std::vector<LinearTensors>& net, const float*
     for (std::size_t i = 0; i < elems; ++i) {
       if (!(x[i] > 0.0f)) dx[i] = 0.0f;
     }
+    // Only now, with dX computed, is layer l's weight no longer read: an optimizer that
+    // updates a bucket as soon as its gradients are reduced (overlap per_bucket) may write
+    // the new values from here on, on this rank or (shared parameters) from a peer.
+    if (layer_done) layer_done(l);
     std::swap(grad_out_, grad_in_);
   }
   return loss;

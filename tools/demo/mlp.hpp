@@ -29,11 +29,15 @@ class Mlp {
 
   // Returns the mean squared error of the output against `target` and overwrites (does not
   // accumulate into) every layer's weight_grad/bias_grad with d loss / d param. `layer_done`
-  // (if set) is called with l as soon as layer l's gradients are complete, in backward order
-  // (last layer first), like a backward hook; it may consume them and let the next layer
-  // reuse the same gradient buffers.
+  // (if set) is called with l as soon as layer l's gradients are complete and its parameters
+  // are no longer read (after the input gradient through it), in backward order (last layer
+  // first), like a backward hook; it may consume them and let the next layer reuse the same
+  // gradient buffers, and the optimizer may update that layer's parameters from then on. `before_layer` (if set) is called with l just before
+  // layer l's forward reads its weight and bias, in forward order: an overlapped optimizer
+  // waits there for that layer's parameters (wait_param) while later layers still travel.
   double forward_backward(const std::vector<LinearTensors>& net, const float* input,
-                          const float* target, const std::function<void(int)>& layer_done = {});
+                          const float* target, const std::function<void(int)>& layer_done = {},
+                          const std::function<void(int)>& before_layer = {});
 
  private:
   int layers_;

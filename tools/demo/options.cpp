@@ -46,6 +46,15 @@ const char* const usage_text =
     "                                      steps with zero gradients); the average divides by\n"
     "                                      the ranks still training. step_ms_median is then\n"
     "                                      timed without the barriers around each step\n"
+    "  --overlap after-backward|per-bucket after the usual runs, run the first mode again with\n"
+    "                                      the step overlapped: backward hands each layer's\n"
+    "                                      gradients over as they exist (grad_ready at stage 1,\n"
+    "                                      reduce_gradient at stage 2), the next forward waits\n"
+    "                                      per layer (wait_param). after-backward: update after\n"
+    "                                      backward, all-gathers overlap the next forward;\n"
+    "                                      per-bucket: each bucket updated as its reduction\n"
+    "                                      lands (no --clip, no f16 loss scaling). Bucket view\n"
+    "                                      only; not with --local-sgd, --save or --resume\n"
     "  --seed N                            seed of the parameters and data (default 0)\n"
     "  --storage bucket_view|external      who owns the param/grad buffers (default bucket_view)\n"
     "  --threads N                         OpenBLAS and optimizer threads per rank (default 1)\n"
@@ -94,7 +103,14 @@ const char* const usage_text =
     "averaging_bytes from PostLocalSGDOptimizer::communication() plus replica_bytes, what the\n"
     "replica's optimizer hands to collectives outside the gradient calls (parameter sync);\n"
     "cross_replica_bytes: the part of bytes that crossed replicas (all of it with replica=1);\n"
-    "final_loss: the last step's loss, the mean over all ranks.\n";
+    "final_loss: the last step's loss, the mean over all ranks.\n"
+    "With --overlap, two more lines follow:\n"
+    "  mode=M_overlap ... (as above)\n"
+    "  overlap: policy=P visible_ms_median plain=X overlap=Y ratio=Z iter_ms_median plain=X\n"
+    "    overlap=Y ratio=Z params_sum_match=yes|no   (one line)\n"
+    "visible_ms: per iteration, the time spent inside shardopt calls (gradient hand-over,\n"
+    "reduce_gradients, clip_grad_norm, step, wait_param); iter_ms: forward/backward plus those\n"
+    "calls (not the demo's barriers); medians over the steps, ratio overlap/plain.\n";
 
 namespace {
 
@@ -297,6 +313,11 @@ Options parse_options(int argc, char** argv) {
       options.batch_given = true;
     } else if (option == "--steps") {
       options.steps = static_cast<int>(parse_integer(option, next(), 1, 1000000));
+    } else if (option == "--overlap") {
+      const std::string v = next();
+      if (v == "after-backward") options.overlap = shardopt::OverlapPolicy::after_backward;
+      else if (v == "per-bucket") options.overlap = shardopt::OverlapPolicy::per_bucket;
+      else bad_choice(option, v, "after-backward, per-bucket");
     } else if (option == "--seed") {
       options.seed = static_cast<uint64_t>(
           parse_integer(option, next(), 0, std::numeric_limits<int64_t>::max()));
@@ -314,6 +335,30 @@ Options parse_options(int argc, char** argv) {
   }
   if (options.uneven && options.local_sgd.enabled) {
     throw UsageError("--uneven does not apply to --local-sgd (PostLocalSGDOptimizer has no join())");
+  }
+  if (options.overlap != shardopt::OverlapPolicy::off) {
+    const bool per_bucket = options.overlap == shardopt::OverlapPolicy::per_bucket;
+    const std::string name = std::string("--overlap ") + (per_bucket ? "per-bucket" : "after-backward");
+    // Each refusal is one the optimizer would raise at run time, or a demo feature that would
+    // race the optimizer's queued collectives; saying so up front beats a failure mid-run.
+    if (per_bucket && options.clip > 0.0) {
+      throw UsageError(name + " cannot clip (--clip): each bucket is updated before the total norm "
+                              "exists; use --overlap after-backward");
+    }
+    if (per_bucket && options.dtype == DType::f16) {
+      throw UsageError(name + " cannot use loss scaling, which --dtype f16 needs; use --overlap "
+                              "after-backward or --dtype f32|bf16");
+    }
+    if (options.storage == shardopt::Storage::external) {
+      throw UsageError(name + " needs --storage bucket_view (the optimizer's own buffers)");
+    }
+    if (options.local_sgd.enabled) {
+      throw UsageError(name + " does not apply to --local-sgd (its averager shares the communicator)");
+    }
+    if (!options.save_dir.empty() || !options.resume_dir.empty()) {
+      throw UsageError(name + " does not combine with --save/--resume");
+    }
+    if (options.check_gradients) throw UsageError(name + " does not apply to --check-gradients");
   }
   if (options.check_gradients) {
     if (!options.layers_given) options.layers = 3;

@@ -48,6 +48,9 @@ struct Options {
   bool verbose = false;
   bool check_gradients = false;
   bool uneven = false;  // rank r trains --steps + r batches, then joins (Join)
+  // Not off: one more run, the first mode's configuration with this overlap policy, compared
+  // with the plain run bit for bit and by the time spent inside shardopt calls.
+  shardopt::OverlapPolicy overlap = shardopt::OverlapPolicy::off;
   std::string save_dir;    // empty: no checkpoint written
   std::string resume_dir;  // empty: start from the seeded initial values
   LocalSgdOptions local_sgd;
