@@ -28,7 +28,10 @@ enum class OverlapPolicy : int32_t {
   after_backward = 1,  // reductions overlap backward; step() updates, then the all-gathers
                        // overlap the next forward (wait_param)
   per_bucket = 2,      // a bucket's shard part is updated and gathered as soon as its
-                       // reduction lands (no clipping or loss scaling)
+                       // reduction lands (no clipping or loss scaling). Its new values may
+                       // be written while backward still runs: hand a parameter over only
+                       // once backward no longer reads it (after the input gradient through
+                       // its layer is computed), as with torch's overlap_with_ddp.
 };
 
 SHARDOPT_API const char* algorithm_name(Algorithm algorithm);
