@@ -92,9 +92,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         **defaults,
     ):
         if overlap_with_ddp:
+            # The drop-in updates the model's own tensors (external storage), and DDP averages the
+            # gradients; shardopt's overlap needs its own buffers and does the averaging itself.
             raise NotImplementedError(
-                "shardopt.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported yet; "
-                "call step() after backward (overlap_with_ddp=False)"
+                "shardopt.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported by the "
+                "drop-in; use overlap_with_ddp=False (step() after backward), or, to overlap the gradient "
+                "reduction with backward and the parameter all-gather with the next forward, the module's "
+                "shardopt.ZeroOptimizer with OptimizerConfig(overlap=shardopt.OverlapPolicy.after_backward "
+                "or per_bucket) under mpirun: hand each gradient over with reduce_gradient(id, grad) as "
+                "backward produces it (without DDP), then reduce_gradients(), step(), and wait_param(id) "
+                "before the next forward reads a parameter"
             )
         self._algorithm = algorithm_for(optimizer_class)
         self._optimizer_class = optimizer_class

@@ -213,7 +213,9 @@ def test_unsupported_optimizer_class_and_options_are_refused():
         ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.1, overlap_with_ddp=True)
         raise AssertionError("overlap_with_ddp=True was accepted")
     except NotImplementedError as e:
-        assert "overlap_with_ddp" in str(e)
+        # It says what to use instead: the module's overlap policies.
+        message = str(e)
+        assert "overlap_with_ddp=False" in message and "OverlapPolicy.after_backward" in message, message
     try:
         ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.1, capturable=True)
         raise AssertionError("capturable=True was accepted")
