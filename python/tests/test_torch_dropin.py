@@ -300,6 +300,37 @@ def test_overlap_with_ddp_equals_the_plain_step_bitwise():
     assert over._zero.param_step(2) == 5 and over._zero.param_step(3) == 6
 
 
+def test_overlap_with_ddp_after_add_param_group_equals_the_plain_step():
+    # add_param_group changes the layout: the params are pointed at their new views and the new
+    # ones get hooks.
+    models = [tutorial_model(width=8, depth=2) for _ in range(2)]
+    opts = []
+    for model, overlap in zip(models, (False, True)):
+        opt = ZeroRedundancyOptimizer(models[0 if not overlap else 1][0].parameters(),
+                                      optimizer_class=torch.optim.Adam, lr=0.05, overlap_with_ddp=overlap)
+        opt.add_param_group({"params": list(model[1].parameters()), "lr": 0.02})
+        opts.append(opt)
+    for step in range(3):
+        for model, opt in zip(models, opts):
+            opt.zero_grad()
+            model(batch(step, width=8)).square().mean().backward()
+            if not opt.overlap_with_ddp:
+                for p in model.parameters():
+                    COMM.all_reduce(p.grad, "avg")
+            opt.step()
+        same = all(torch.equal(a, b) for a, b in zip(models[0].parameters(), models[1].parameters()))
+        assert agree_everywhere(same), step
+    assert opts[1]._zero.param_step(3) == 3
+    # Two backwards before a step (gradient accumulation) are refused by name, not reduced twice.
+    opts[1].zero_grad()
+    models[1](batch(7, width=8)).square().mean().backward()
+    try:
+        models[1](batch(8, width=8)).square().mean().backward()
+        raise AssertionError("a second backward before step() was accepted")
+    except RuntimeError as e:
+        assert "a second backward reached param" in str(e) and "overlap_with_ddp=False" in str(e), str(e)
+
+
 def test_overlap_with_ddp_over_a_torch_process_group_is_refused_clearly():
     # As under torchrun: the collectives go over torch's process group, which the engine's
     # communication thread cannot call. A clear error on every rank, not a deadlock.
