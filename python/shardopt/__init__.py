@@ -41,6 +41,7 @@ from ._shardopt import (  # noqa: F401  (the public API)
     MemoryReport,
     ModelAverager,
     OptimizerConfig,
+    OverlapPolicy,
     OuterOptimizer,
     PartitionStrategy,
     PendingCollective,

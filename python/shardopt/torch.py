@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from ._shardopt import Communicator, OptimizerConfig, PartitionStrategy, Storage, ZeroOptimizer, mpi_world
+from ._shardopt import Communicator, Error, OptimizerConfig, OverlapPolicy, PartitionStrategy, Storage, ZeroOptimizer, mpi_world
 from ._torch_comm import torch_communicator
 from ._torch_options import algorithm_for, check_group, hyperparams_of, torch_defaults
 from ._torch_state import from_torch, to_torch
@@ -80,6 +80,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     is by that step (no update, no state change), as torch's optimizers do.
     ``parameters_as_bucket_view`` is accepted for compatibility: shardopt always updates the
     model's own parameter tensors in place.
+    ``overlap_with_ddp=True`` (under mpirun): the parameters become views of shardopt's buffers
+    and each gradient is handed over (and averaged by shardopt, so without DDP) as backward
+    accumulates it; step() finishes the round, updates, and returns with every parameter synced.
     """
 
     def __init__(
@@ -91,11 +94,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         overlap_with_ddp=False,
         **defaults,
     ):
-        if overlap_with_ddp:
-            raise NotImplementedError(
-                "shardopt.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported yet; "
-                "call step() after backward (overlap_with_ddp=False)"
-            )
         self._algorithm = algorithm_for(optimizer_class)
         self._optimizer_class = optimizer_class
         full_defaults, self._reference = torch_defaults(optimizer_class, defaults)
@@ -105,6 +103,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         self._grads = []  # the gradient buffer shardopt reads, one per param
         self._zeroed = set()  # indices of buffers zeroed since their last gradient
         self._holds_consolidated = False  # whether this rank holds a consolidated state
+        self.overlap_with_ddp = bool(overlap_with_ddp)
+        self._hooks = []  # overlap: the AccumulateGrad nodes whose hooks hand gradients over
+        self._handed = set()  # overlap: indices handed over since the last step
         comm = _communicator(process_group)
         self.process_group = process_group
         self.rank, self.world_size = comm.rank, comm.size
@@ -115,7 +116,30 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             partition=PartitionStrategy.sorted_greedy,  # torch's assignment of params to ranks
             storage=Storage.external,  # the model's own tensors, updated in place
         )
-        self._zero = ZeroOptimizer(comm, [self._shardopt_group(g, 0) for g in self.param_groups], config)
+        if self.overlap_with_ddp:
+            # shardopt's overlap engine: it owns the flat buffers (the model's parameters become
+            # views of them) and averages each bucket's gradients itself as backward hands them
+            # over, so the model needs no DDP. after_backward rather than torch's per-bucket
+            # update, so that params without a gradient are skipped as without overlap. Over a
+            # torch process group (torchrun) the engine refuses with Error(unsupported).
+            config.storage = Storage.bucket_view
+            config.node_shared_params = False  # each rank's model owns its parameter memory
+            config.overlap = OverlapPolicy.after_backward
+        try:
+            self._zero = ZeroOptimizer(comm, [self._shardopt_group(g, 0) for g in self.param_groups], config)
+        except Error as e:
+            if self.overlap_with_ddp and e.code == "unsupported":  # on every rank alike
+                raise NotImplementedError(
+                    "shardopt.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True runs shardopt's "
+                    "collectives on a thread of its own, which a torch.distributed process group cannot "
+                    "serve (under torchrun); launch under mpirun, or use overlap_with_ddp=False. "
+                    f"({e})"
+                ) from e
+            raise
+        if self.overlap_with_ddp:
+            self._point_params_at_buffers()
+            for index, p in enumerate(self._params):
+                self._hook_grad(index, p)
 
     # ---- param groups -------------------------------------------------------------------------
 
@@ -125,7 +149,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         entries = []
         for offset, p in enumerate(group["params"]):
             index = first_index + offset
-            entries.append((f"param{index}", p.detach(), self._grads[index]))
+            if self.overlap_with_ddp:  # bucket view: initial values only; gradients handed over
+                entries.append((f"param{index}", p.detach()))
+            else:
+                entries.append((f"param{index}", p.detach(), self._grads[index]))
         h["params"] = entries
         return h
 
@@ -142,6 +169,38 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             self._grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format).detach())
         if self._zero is not None:
             self._zero.add_param_group(self._shardopt_group(group, first_index))
+            if self.overlap_with_ddp:
+                self._point_params_at_buffers()  # the layout changed: every view moved
+                for index in range(first_index, len(self._params)):
+                    self._hook_grad(index, self._params[index])
+
+    # ---- overlap_with_ddp ---------------------------------------------------------------------
+
+    def _point_params_at_buffers(self):
+        """Each param's data becomes its view of shardopt's flat buffer (the values it holds)."""
+        for index, p in enumerate(self._params):
+            view = torch.from_dlpack(self._zero.param_view(index)).view(p.shape)
+            p.data = view
+
+    def _hook_grad(self, index, p):
+        """Hands p's gradient over as soon as backward has accumulated it (torch 1.13 has no
+        register_post_accumulate_grad_hook: the hook goes on p's AccumulateGrad node)."""
+        if not p.requires_grad:
+            return
+        accumulate = p.expand_as(p).grad_fn.next_functions[0][0]
+
+        def hand(*_):
+            if index in self._handed:
+                raise RuntimeError(
+                    "shardopt.torch.ZeroRedundancyOptimizer(overlap_with_ddp=True): a second backward "
+                    f"reached param {index} before step(); gradient accumulation over several backwards "
+                    "needs overlap_with_ddp=False"
+                )
+            self._handed.add(index)
+            self._zero.reduce_gradient(index, p.grad.detach().contiguous())
+
+        accumulate.register_hook(hand)
+        self._hooks.append(accumulate)  # the node must outlive this call for its hook to stay
 
     def _sync_hyperparams(self):
         """param_groups' values (as a scheduler or the user left them) into shardopt's groups."""
@@ -162,6 +221,18 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.overlap_with_ddp:
+            self._sync_hyperparams()
+            without_grad = [i for i in range(len(self._params)) if i not in self._handed]
+            self._handed.clear()
+            # The round needs every param handed: zeros for those without a gradient, which the
+            # step then leaves as they are (the same set on every rank, as torch's skip requires).
+            for index in without_grad:
+                self._zero.reduce_gradient(index, torch.zeros_like(self._params[index].detach()))
+            self._zero.reduce_gradients()
+            self._zero.step(without_grad=without_grad)
+            self._zero.wait_all()  # torch's contract: the parameters are updated when step() returns
+            return loss
         self._zero.step(without_grad=self._gather_grads())
         return loss
 

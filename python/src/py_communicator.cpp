@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/comm_thread.hpp"
 #include "py_tensors.hpp"
 #include "shardopt/shardopt.hpp"
 
@@ -195,9 +196,22 @@ nb::object buffer_array(const void* data, int64_t count, DType dtype, shardopt::
                                 device.is_cuda() ? device.index : 0));
 }
 
-class PythonCommunicator final : public Communicator {
+// Refuses config.overlap: the optimizer would call it from its communication thread, where each
+// collective needs the GIL and the Python transport (torch.distributed) would be driven from a
+// second thread beside the trainer's own calls. A clear Error(unsupported) at construction, on
+// every rank alike, instead of a deadlock or a reordering at the first overlapped round.
+class PythonCommunicator final : public Communicator, public shardopt::comm::SerializedCallsCheck {
  public:
   explicit PythonCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  void require_serialized_calls() const override {
+    throw Error(ErrorCode::unsupported,
+                "config.overlap needs a communicator the optimizer can call from its communication thread; this " +
+                    state_->backend() +
+                    " communicator is implemented in Python (e.g. over a torch.distributed process group), whose "
+                    "calls need the GIL and the launching thread: use overlap = off with it, or launch under mpirun "
+                    "and build the optimizer over shardopt.mpi_world()");
+  }
 
   int rank() const override { return state_->rank(); }
   int size() const override { return state_->size(); }

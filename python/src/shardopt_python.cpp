@@ -73,6 +73,10 @@ NB_MODULE(_shardopt, m) {
   nb::enum_<shardopt::Storage>(m, "Storage")
       .value("bucket_view", shardopt::Storage::bucket_view)
       .value("external", shardopt::Storage::external);
+  nb::enum_<shardopt::OverlapPolicy>(m, "OverlapPolicy")
+      .value("off", shardopt::OverlapPolicy::off)
+      .value("after_backward", shardopt::OverlapPolicy::after_backward)
+      .value("per_bucket", shardopt::OverlapPolicy::per_bucket);
 
   nb::class_<shardopt::Communicator> communicator_class(m, "Communicator");
   communicator_class
@@ -112,12 +116,14 @@ NB_MODULE(_shardopt, m) {
       .def(
           "__init__",
           [](shardopt::OptimizerConfig* self, shardopt::Algorithm algorithm, shardopt::PartitionStrategy partition,
-             shardopt::Storage storage, bool shard_state, int64_t bucket_bytes, int cpu_threads) {
+             shardopt::Storage storage, bool shard_state, int64_t bucket_bytes, int cpu_threads,
+             shardopt::OverlapPolicy overlap) {
             new (self) shardopt::OptimizerConfig{algorithm, partition, storage, shard_state, bucket_bytes, cpu_threads};
+            self->overlap = overlap;
           },
           "algorithm"_a = shardopt::Algorithm::adam, "partition"_a = shardopt::PartitionStrategy::flat,
           "storage"_a = shardopt::Storage::bucket_view, "shard_state"_a = true, "bucket_bytes"_a = shardopt::OptimizerConfig{}.bucket_bytes,
-          "cpu_threads"_a = 0)
+          "cpu_threads"_a = 0, "overlap"_a = shardopt::OverlapPolicy::off)
       .def_rw("algorithm", &shardopt::OptimizerConfig::algorithm)
       .def_rw("partition", &shardopt::OptimizerConfig::partition)
       .def_rw("storage", &shardopt::OptimizerConfig::storage)
@@ -126,6 +132,12 @@ NB_MODULE(_shardopt, m) {
       .def_rw("cpu_threads", &shardopt::OptimizerConfig::cpu_threads)
       .def_rw("node_shared_params", &shardopt::OptimizerConfig::node_shared_params)
       .def_rw("divide_by_initial_world_size", &shardopt::OptimizerConfig::divide_by_initial_world_size)
+      .def_rw("stage", &shardopt::OptimizerConfig::stage,
+              "1: gradients all-reduced whole on every rank; 2: each rank keeps its shard's (reduce_gradient).")
+      .def_rw("overlap", &shardopt::OptimizerConfig::overlap,
+              "OverlapPolicy: off, after_backward (reductions overlap backward, the all-gathers the next\n"
+              "forward) or per_bucket (each bucket updated as its reduction lands; no clipping). Bucket view\n"
+              "storage and the MPI communicator only (a Python communicator raises Error(unsupported)).")
       .def_prop_rw(
           "defaults", [](const shardopt::OptimizerConfig& c) { return c.defaults; },
           [](shardopt::OptimizerConfig& c, std::optional<shardopt::Hyperparams> d) { c.defaults = std::move(d); },
@@ -238,7 +250,8 @@ NB_MODULE(_shardopt, m) {
             return index;
           },
           "group"_a, "Collective; returns the new group's index. Keys the dict lacks take the optimizer's defaults.")
-      .def("set_trainable", [](Opt& s, shardopt::ParamId id, bool t) { s.opt->set_trainable(id, t); }, "id"_a, "trainable"_a)
+      .def("set_trainable", [](Opt& s, shardopt::ParamId id, bool t) { s.opt->set_trainable(id, t); }, "id"_a, "trainable"_a,
+           nb::call_guard<nb::gil_scoped_release>())
       .def("trainable", [](const Opt& s, shardopt::ParamId id) { return s.opt->trainable(id); }, "id"_a)
       .def("num_groups", [](const Opt& s) { return s.opt->num_groups(); })
       .def("num_params", [](const Opt& s) { return s.opt->num_params(); })
@@ -271,6 +284,37 @@ NB_MODULE(_shardopt, m) {
       .def("zero_grad", [](Opt& s) { s.opt->zero_grad(); }, nb::call_guard<nb::gil_scoped_release>())
       .def("reduce_gradients", [](Opt& s) { s.opt->reduce_gradients(); }, nb::call_guard<nb::gil_scoped_release>(),
            "Collective: averages gradients over the ranks (skip it under DDP).")
+      // The calls below may wait for the overlap engine's communication thread: they release the
+      // GIL so that other Python threads (and anything that thread waits on) go on meanwhile.
+      .def("grad_ready", [](Opt& s, shardopt::ParamId id) { s.opt->grad_ready(id); }, "id"_a,
+           nb::call_guard<nb::gil_scoped_release>(),
+           "Stage 1, bucket view: param id's gradient in grad_view(id) is final for this round. With\n"
+           "config.overlap its bucket's reduction starts once the whole bucket is ready (collective per\n"
+           "bucket: every rank hands the same params in the same order).")
+      .def(
+          "reduce_gradient",
+          [](Opt& s, shardopt::ParamId id, nb::handle grad) {
+            const std::string what = "gradient of param " + std::to_string(id);
+            DlpackOwner owner = take_dlpack(grad, what);
+            const shardopt::TensorRef ref = tensor_ref(owner, what);
+            nb::gil_scoped_release release;
+            s.opt->reduce_gradient(id, ref);  // reads the gradient before it returns (CPU)
+          },
+          "id"_a, "grad"_a,
+          "Bucket view: hands this rank's local gradient of param id (stage 2; stage 1 too with\n"
+          "config.overlap, copied into grad_view(id)). Collective per bucket, once per step.")
+      .def("wait_param", [](Opt& s, shardopt::ParamId id) { s.opt->wait_param(id); }, "id"_a,
+           nb::call_guard<nb::gil_scoped_release>(),
+           "config.overlap: returns once param id's values from the last step have landed on this rank.")
+      .def("wait_bucket", [](Opt& s, int bucket) { s.opt->wait_bucket(bucket); }, "bucket"_a,
+           nb::call_guard<nb::gil_scoped_release>(), "wait_param for a bucket, 0 .. num_buckets()-1.")
+      .def("wait_all", [](Opt& s) { s.opt->wait_all(); }, nb::call_guard<nb::gil_scoped_release>(),
+           "config.overlap: returns once every parameter of the last step has landed.")
+      .def("num_buckets", [](const Opt& s) { return s.opt->num_buckets(); })
+      .def("clip_grad_norm", [](Opt& s, double max_norm, double norm_type) { return s.opt->clip_grad_norm(max_norm, norm_type); },
+           "max_norm"_a, "norm_type"_a = 2.0, nb::call_guard<nb::gil_scoped_release>(),
+           "Collective, after reduce_gradients(): the total norm of the averaged gradients; the factor\n"
+           "max_norm / (norm + 1e-6), capped at 1, is applied in the next step().")
       .def("join", [](Opt& s) { s.opt->join(); }, nb::call_guard<nb::gil_scoped_release>(),
            "Collective, for a rank out of inputs: follows the other ranks' gradient reductions (with zero\n"
            "gradients), clipping and steps until every rank has joined (ZeroOptimizer::join()).")
