@@ -6,6 +6,7 @@ Every rank runs every test in the same order (they are collective).
 """
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -139,30 +140,43 @@ def test_wait_bucket_and_num_buckets():
 
 
 def test_waits_release_the_gil():
-    # A Python thread keeps running while the main thread is inside the overlapped calls: with
-    # the GIL held across them it could not take a single step until they returned.
+    # The first grad_ready of a round waits for every rank to open it. Rank 1 opens it late, so
+    # rank 0 waits inside grad_ready for about DELAY seconds; a Python thread that ticks every
+    # millisecond must tick in the middle of that wait, which it cannot if the call holds the
+    # GIL (a thread switch can only happen before the call enters C++, not inside it).
+    DELAY = 0.5
     opt = build(shardopt.OverlapPolicy.after_backward)
     ticks = []
     stop = threading.Event()
 
-    def count():
+    def tick():
         while not stop.is_set():
-            ticks.append(1)
+            ticks.append(time.monotonic())
+            time.sleep(0.001)
 
-    thread = threading.Thread(target=count)
+    thread = threading.Thread(target=tick)
     thread.start()
     try:
-        for step in range(STEPS):
-            for i in reversed(range(len(SIZES))):
-                opt.grad_view(i)[:] = grad(step, COMM.rank, i)
-                opt.grad_ready(i)
-            opt.reduce_gradients()
-            opt.step()
-            opt.wait_all()
+        last = len(SIZES) - 1
+        opt.grad_view(last)[:] = grad(0, COMM.rank, last)
+        if COMM.rank == 1:
+            time.sleep(DELAY)
+        begin = time.monotonic()
+        opt.grad_ready(last)
+        end = time.monotonic()
+        for i in reversed(range(last)):
+            opt.grad_view(i)[:] = grad(0, COMM.rank, i)
+            opt.grad_ready(i)
+        opt.reduce_gradients()
+        opt.step()
+        opt.wait_all()
     finally:
         stop.set()
         thread.join()
-    assert len(ticks) > 0
+    if COMM.rank == 0 and COMM.size > 1:
+        assert end - begin > DELAY / 2, f"grad_ready waited only {end - begin:.3f} s for the late rank"
+        inside = [t for t in ticks if begin + 0.05 < t < end - 0.05]
+        assert len(inside) > 10, f"the other thread ticked {len(inside)} times during grad_ready's wait"
 
 
 def test_per_bucket_refuses_clipping_with_the_reason():

@@ -94,6 +94,35 @@ bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
+// Bitwise equal, except that any two NaNs are equal: IEEE 754 leaves the sign and payload of an
+// arithmetic NaN result open, and compilers use that freedom (GCC folds p - (-g) * lr into
+// p + g * lr, which flips a NaN's sign), so they differ between builds of the same source.
+// Every finite and infinite value must match bit for bit.
+bool is_nan_bits(uint32_t bits, DType dtype) {
+  switch (dtype) {
+    case DType::f32: return (bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0;
+    case DType::bf16: return (bits & 0x7f80u) == 0x7f80u && (bits & 0x007fu) != 0;
+    default: return (bits & 0x7c00u) == 0x7c00u && (bits & 0x03ffu) != 0;  // f16
+  }
+}
+
+bool same_values(const void* a, const void* b, std::size_t count, DType dtype) {
+  const std::size_t width = shardopt::dtype_size(dtype);
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  for (std::size_t i = 0; i < count; ++i) {
+    uint32_t u = 0, v = 0;
+    std::memcpy(&u, x + i * width, width);
+    std::memcpy(&v, y + i * width, width);
+    if (u != v && !(is_nan_bits(u, dtype) && is_nan_bits(v, dtype))) return false;
+  }
+  return true;
+}
+
+bool same_values(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && same_values(a.data(), b.data(), a.size(), DType::f32);
+}
+
 // The buffers of one update call: a parameter of dtype (bytes), its gradient, an fp32 master
 // for 16-bit parameters, three fp32 state buffers.
 struct UpdateBuffers {
@@ -145,8 +174,10 @@ struct UpdateBuffers {
   }
 
   bool operator==(const UpdateBuffers& o) const {
-    return same_bytes(param, o.param) && same_bytes(grad, o.grad) && same_bytes(master, o.master) &&
-           same_bytes(s0, o.s0) && same_bytes(s1, o.s1) && same_bytes(s2, o.s2);
+    const std::size_t width = shardopt::dtype_size(dtype);
+    return param.size() == o.param.size() && same_values(param.data(), o.param.data(), param.size() / width, dtype) &&
+           same_bytes(grad, o.grad) && same_values(master, o.master) && same_values(s0, o.s0) &&
+           same_values(s1, o.s1) && same_values(s2, o.s2);
   }
 };
 
