@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/sanitizer/tsan.sh — ThreadSanitizer over the threaded paths: the OpenMP kernels' teams (unit tests), the background checkpoint writer (checkpoint tests) and the multi-rank optimizer (MPI tests).
+# tools/sanitizer/tsan.sh — ThreadSanitizer over the threaded paths: the OpenMP kernels' teams (unit tests), the background checkpoint writer (checkpoint tests), the multi-rank optimizer (MPI tests) and the overlap engine's communication thread.
 #
 #   tools/sanitizer/tsan.sh [BUILD_DIR]     (default build-tsan)
 # Builds with clang (its OpenMP runtime reports to TSan through Archer; GCC's libgomp cannot)
@@ -15,7 +15,8 @@ if ! command -v clang++ >/dev/null 2>&1 || [[ -z $archer ]]; then
 fi
 CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDOPT_WITH_CUDA=OFF \
   -DSHARDOPT_SANITIZE_THREAD=ON -DSHARDOPT_BUILD_TOOLS=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)" --target shardopt-unit-tests shardopt-checkpoint-tests shardopt-mpi-tests
+cmake --build "$build" -j"$(nproc)" --target shardopt-unit-tests shardopt-checkpoint-tests shardopt-mpi-tests \
+  shardopt-overlap-tests
 
 # ignore_noninstrumented_modules: accesses inside libomp and libmpi themselves are not ours to
 # judge (Archer supplies OpenMP's ordering); the suppressions name what remains of them.
@@ -30,4 +31,8 @@ for np in 2 3; do
 done
 echo "== tsan: MPI tests, 2 ranks"
 mpirun --oversubscribe -np 2 -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/mpi/shardopt-mpi-tests"
+for np in 2 3; do
+  echo "== tsan: overlap tests (communication thread), $np ranks"
+  mpirun --oversubscribe -np "$np" -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/mpi/shardopt-overlap-tests"
+done
 echo "tsan: no reports"
