@@ -154,7 +154,10 @@ Manifest manifest_from_json(const nlohmann::json& json, const std::string& path,
 
 // The format version `json` claims, or 0 when it does not look like a manifest at all.
 int claimed_version(const nlohmann::json& json) {
-  if (!json.is_object() || json.value("format", std::string()) != kFormatName) return 0;
+  if (!json.is_object()) return 0;
+  // Typed look-ups only: json.value("format", string) throws when "format" is not a string.
+  const auto format = json.find("format");
+  if (format == json.end() || !format->is_string() || format->get_ref<const std::string&>() != kFormatName) return 0;
   const auto it = json.find("format_version");
   if (it == json.end() || !it->is_number_unsigned() || it->get<uint64_t>() > INT32_MAX) return 0;
   return static_cast<int>(it->get<uint64_t>());
