@@ -19,7 +19,10 @@ SHARDOPT_API bool nccl_compiled_in();
 // mpi_world()). Each rank uses CUDA device (node-local rank % devices on the node), or the
 // device of `stream` when one is given; that device is made current on the calling thread.
 // Collectives are issued on `stream` (a cudaStream_t), or on a stream the communicator creates
-// when it is null. Buffers must be device (or managed) memory on device(). Blocking calls return once the collective has completed on the GPU;
+// when it is null: a blocking stream, so work enqueued on the legacy default stream (stream 0,
+// a plain cudaMemcpy) before a call is ordered before the collective, and such work after a
+// completed call after it; with a stream of the caller's, ordering against the caller's other
+// streams is the caller's (events). Buffers must be device (or managed) memory on device(). Blocking calls return once the collective has completed on the GPU;
 // the *_async forms return as soon as it is enqueued, and their wait() blocks until it has
 // completed. Every wait is bounded by options.timeout_seconds: a collective that does not
 // finish in time, or that NCCL reports as failed, aborts the NCCL communicator and raises

@@ -134,8 +134,10 @@ std::shared_ptr<Communicator> bootstrap(MPI_Comm parent, const CommOptions& opti
     } else if (stream != nullptr) {
       stream_holder->stream = static_cast<cudaStream_t>(stream);
     } else {
-      const cudaError_t made =
-          cudaStreamCreateWithFlags(&stream_holder->stream, cudaStreamNonBlocking);
+      // A blocking stream: work the caller enqueued on the legacy default stream before a
+      // call (a cudaMemcpy into the buffer, kernels on stream 0) runs before the collective,
+      // and legacy-stream reads after a wait() see its result, as with host buffers.
+      const cudaError_t made = cudaStreamCreateWithFlags(&stream_holder->stream, cudaStreamDefault);
       if (made == cudaSuccess) {
         stream_holder->owned = true;
       } else {
