@@ -37,6 +37,17 @@ struct ExternalBuffers {
 // The OptimizerConfig the flags describe.
 shardopt::OptimizerConfig make_config(const Options& o);
 
+// One param group over `pieces` (named as the model's tensors, in order) with the flags'
+// hyperparameters; each param is declared on `device` with no data (shardopt-owned zeros) and
+// its grad like it: callers pass buffers by setting .data.
+shardopt::ParamGroupSpec make_group(const Options& o, const std::vector<Tensor>& pieces, shardopt::Device device);
+
+// The synthetic initial parameters and gradients of global elements [first_index,
+// first_index + out.numel), written into host memory of out.dtype (bf16/f16: rounded to nearest
+// even from the f32 value). The same on every rank and in every run.
+void fill_param_values(const shardopt::TensorRef& out, int64_t first_index, int threads);
+void fill_grad_values(const shardopt::TensorRef& out, int64_t first_index, const Options& o);
+
 // Builds an optimizer over `pieces` of the model ([first, first+numel) ranges of global
 // indices) with synthetic initial values and gradients (not for stage 2 with bucket view,
 // which has no gradient views: see hand_gradients).
