@@ -60,6 +60,9 @@ DeviceBuffer::~DeviceBuffer() { cudaFree(data_); }
 
 void copy_to_device(void* device_dst, const void* host_src, int64_t bytes) {
   if (bytes <= 0) return;
+  // After all queued work: a view shardopt just zero-filled on a non-blocking stream of its own
+  // is not ordered against cudaMemcpy's stream otherwise.
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   check(cudaMemcpy(device_dst, host_src, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice), "cudaMemcpy to the device");
   // From pageable memory cudaMemcpy may return before the device has the bytes.
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
