@@ -204,7 +204,8 @@ int run_cuda_step(const std::shared_ptr<Communicator>& host, const std::shared_p
     wrong_total = count_wrong_params(host, o, model, opt, o.warmup + o.iters,
                                      [&](shardopt::ParamId id, std::vector<uint32_t>& scratch) {
                                        return read_to_host(opt.param_view(id), scratch);
-                                     });
+                                     },
+                                     InitialValues::at_registration);
     wrong = std::to_string(wrong_total);
   }
 

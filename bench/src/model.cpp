@@ -127,7 +127,7 @@ void fill_grad_values(const TensorRef& out, int64_t first_index, const Options& 
 
 std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> comm, const Options& o,
                                                OptimizerConfig config, const std::vector<Tensor>& pieces,
-                                               ExternalBuffers& external) {
+                                               ExternalBuffers& external, InitialValues initial) {
   ParamGroupSpec group = make_group(o, pieces, shardopt::Device::cpu());
   const auto element_bytes = static_cast<int64_t>(shardopt::dtype_size(o.dtype));
   int64_t total = 0;
@@ -136,8 +136,6 @@ std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> com
     const auto words = static_cast<std::size_t>((total * element_bytes + 3) / 4);
     external.params.assign(words, 0.f);
     external.grads.assign(words, 0.f);
-  }
-  if (config.storage == Storage::external) {
     int64_t at = 0;
     for (ParamSpec& spec : group.params) {
       spec.param.data = reinterpret_cast<char*>(external.params.data()) + at * element_bytes;
@@ -145,14 +143,27 @@ std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> com
       at += spec.param.numel;
     }
   }
-  // Values are written through the views after construction, so that no extra full copy of
-  // the initial parameters inflates the peak RSS that the step reports.
+  // through_views: values are written through the views after construction, so that no extra
+  // full copy of the initial parameters inflates the peak RSS that the step reports.
+  std::vector<float> initial_params;  // at_registration with bucket view: copied in, then freed
+  if (initial == InitialValues::at_registration) {
+    if (config.storage == Storage::bucket_view) {
+      initial_params.assign(static_cast<std::size_t>((total * element_bytes + 3) / 4), 0.f);
+      int64_t at = 0;
+      for (ParamSpec& spec : group.params) {
+        spec.param.data = reinterpret_cast<char*>(initial_params.data()) + at * element_bytes;
+        at += spec.param.numel;
+      }
+    }
+    for (std::size_t i = 0; i < pieces.size(); ++i) fill_param_values(group.params[i].param, pieces[i].offset, o.threads);
+  }
   const bool grad_views = !(config.stage == 2 && config.storage == Storage::bucket_view);
   auto opt = std::make_unique<ZeroOptimizer>(std::move(comm), config, std::vector<ParamGroupSpec>{std::move(group)});
+  initial_params = std::vector<float>();
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Tensor& t = pieces[i];
     const auto id = static_cast<shardopt::ParamId>(i);
-    fill_param_values(opt->param_view(id), t.offset, o.threads);
+    if (initial == InitialValues::through_views) fill_param_values(opt->param_view(id), t.offset, o.threads);
     if (grad_views) fill_grad_values(opt->grad_view(id), t.offset, o);
   }
   return opt;

@@ -37,7 +37,7 @@ int64_t differing_ranks(Communicator& comm, const ZeroOptimizer& opt, const Para
 // Parameters of this rank's 1/N slice of the model that differ bitwise from a single-rank
 // optimizer over the same slice that took the same `steps` steps.
 int64_t wrong_vs_reference(const std::shared_ptr<Communicator>& solo, const Options& o, const Model& model,
-                           const ParamReader& read, int rank, int world, int steps) {
+                           const ParamReader& read, InitialValues initial, int rank, int world, int steps) {
   const int64_t lo = model.numel * rank / world, hi = model.numel * (rank + 1) / world;
   const std::vector<Tensor> pieces = model_slice(model, lo, hi);
   if (pieces.empty()) return 0;
@@ -47,7 +47,7 @@ int64_t wrong_vs_reference(const std::shared_ptr<Communicator>& solo, const Opti
   config.shard_state = true;
   config.stage = 1;  // the gradients stand as written: what a stage-2 reduce of them averages to
   ExternalBuffers unused;
-  std::unique_ptr<ZeroOptimizer> reference = build_optimizer(solo, o, config, pieces, unused);
+  std::unique_ptr<ZeroOptimizer> reference = build_optimizer(solo, o, config, pieces, unused, initial);
   for (int s = 0; s < steps; ++s) reference->step();
   int64_t wrong = 0;
   std::vector<uint32_t> scratch;
@@ -71,11 +71,11 @@ int64_t wrong_vs_reference(const std::shared_ptr<Communicator>& solo, const Opti
 }  // namespace
 
 int64_t count_wrong_params(const std::shared_ptr<Communicator>& comm, const Options& o, const Model& model,
-                           const ZeroOptimizer& opt, int steps, const ParamReader& read) {
+                           const ZeroOptimizer& opt, int steps, const ParamReader& read, InitialValues initial) {
   const int64_t differing = differing_ranks(*comm, opt, read);
   // Every rank gets its own single-rank communicator for the reference.
   std::shared_ptr<Communicator> solo = comm->split(comm->rank(), 0);
-  const int64_t mine = wrong_vs_reference(solo, o, model, read, comm->rank(), comm->size(), steps);
+  const int64_t mine = wrong_vs_reference(solo, o, model, read, initial, comm->rank(), comm->size(), steps);
   return differing + sum_int64(*comm, mine);
 }
 
@@ -83,7 +83,7 @@ int64_t count_wrong_params(const std::shared_ptr<Communicator>& comm, const Opti
                            const ZeroOptimizer& opt, int steps) {
   return count_wrong_params(comm, o, model, opt, steps, [&](shardopt::ParamId id, std::vector<uint32_t>&) {
     return opt.param_view(id);
-  });
+  }, InitialValues::through_views);
 }
 
 }  // namespace shardopt_bench

@@ -28,8 +28,10 @@ int64_t count_wrong_params(const std::shared_ptr<shardopt::Communicator>& comm, 
 // `scratch` (resized as needed) when it lives on a device.
 using ParamReader = std::function<shardopt::TensorRef(shardopt::ParamId id, std::vector<uint32_t>& scratch)>;
 
-// The same check for an optimizer whose parameters are read through `read`.
+// The same check for an optimizer whose parameters are read through `read` and whose initial
+// values arrived as `initial` says (the reference receives them the same way).
 int64_t count_wrong_params(const std::shared_ptr<shardopt::Communicator>& comm, const Options& o, const Model& model,
-                           const shardopt::ZeroOptimizer& opt, int steps, const ParamReader& read);
+                           const shardopt::ZeroOptimizer& opt, int steps, const ParamReader& read,
+                           InitialValues initial);
 
 }  // namespace shardopt_bench
