@@ -67,7 +67,7 @@ const char* const usage_text =
     "                            baseline; implies --mode step (also --shard ...)\n"
     "  --stream-mb M             MiB per bandwidth-test array, 4 arrays per rank (default\n"
     "                            max(4 x the last-level caches this rank's CPUs use, 64),\n"
-    "                            the cache read from sysfs)\n"
+    "                            the cache read from sysfs; --device cuda: max(8 x L2, 512))\n"
     "  --breakdown               also print the step's phases (agreement, update, sync and\n"
     "                            the rest), medians over the same timed steps, and time\n"
     "                            reduce_gradients() on its own\n"
