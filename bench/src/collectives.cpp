@@ -1,15 +1,17 @@
-// bench/src/collectives.cpp — times and checks all_gather, broadcast, reduce_scatter and all_reduce over a size sweep, and prints nccl-tests' tables.
+// bench/src/collectives.cpp — times and checks all_gather, broadcast, reduce_scatter and all_reduce over a size sweep (host buffers, or device buffers with --device cuda), and prints nccl-tests' tables.
 #include "collectives.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "cuda_device.hpp"
 #include "support.hpp"
 
 namespace shardopt_bench {
@@ -74,10 +76,14 @@ struct SweepRow {
   int64_t wrong = 0;
 };
 
+// `comm_` (MPI) times and checks; `tested_` runs the collectives, on host vectors or, with
+// --device cuda, on device buffers that mirror them: filled on the host and uploaded before an
+// iteration, downloaded and checked after it, neither of them timed.
 class CollectiveBench {
  public:
-  CollectiveBench(Communicator& comm, const Options& options, CollectiveOp op)
-      : comm_(comm), options_(options), op_(op), world_(comm.size()), rank_(comm.rank()) {}
+  CollectiveBench(Communicator& comm, Communicator& tested, const Options& options, CollectiveOp op)
+      : comm_(comm), tested_(tested), options_(options), op_(op), world_(comm.size()), rank_(comm.rank()),
+        on_device_(options.device == BenchDevice::cuda) {}
 
   // Elements in the row of `bytes` (rounded down to a multiple of the world for split ops).
   int64_t count_for(int64_t bytes) const {
@@ -92,14 +98,20 @@ class CollectiveBench {
     std::vector<double> seconds;
     int64_t wrong = 0;
     for (int it = 0; it < total; ++it) {
-      if (options_.check || it == 0) fill(count, it);
+      if (options_.check || it == 0) {
+        fill(count, it);
+        upload();
+      }
       comm_.barrier();
       const auto start = Clock::now();
       issue(count);
       const double elapsed = seconds_since(start);
       if (it < options_.warmup) continue;
       seconds.push_back(elapsed);
-      if (options_.check) wrong += verify(count, it);
+      if (options_.check) {
+        download();
+        wrong += verify(count, it);
+      }
     }
     SweepRow row;
     row.count = count;
@@ -121,6 +133,23 @@ class CollectiveBench {
     } else if (recv_.size() < n) {
       recv_.resize(n);
     }
+    if (!on_device_) return;
+    const auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
+    if (!send_device_ || send_device_->bytes() < bytes(send_)) send_device_ = std::make_unique<DeviceBuffer>(bytes(send_));
+    if (!recv_device_ || recv_device_->bytes() < bytes(recv_)) recv_device_ = std::make_unique<DeviceBuffer>(bytes(recv_));
+  }
+
+  // The buffers the collective runs on: the host vectors or their device mirrors.
+  float* send() { return on_device_ ? static_cast<float*>(send_device_->data()) : send_.data(); }
+  float* recv() { return on_device_ ? static_cast<float*>(recv_device_->data()) : recv_.data(); }
+
+  void upload() {
+    if (!on_device_) return;
+    copy_to_device(send(), send_.data(), static_cast<int64_t>(send_.size() * sizeof(float)));
+    copy_to_device(recv(), recv_.data(), static_cast<int64_t>(recv_.size() * sizeof(float)));
+  }
+  void download() {
+    if (on_device_) copy_to_host(recv_.data(), recv(), static_cast<int64_t>(recv_.size() * sizeof(float)));
   }
 
   int64_t block(int64_t count) const { return count / world_; }
@@ -151,14 +180,14 @@ class CollectiveBench {
     switch (op_) {
       case CollectiveOp::all_gather: {
         const int64_t c = block(count);
-        comm_.all_gather(recv_.data() + rank_ * c, recv_.data(), c, DType::f32);
+        tested_.all_gather(recv() + rank_ * c, recv(), c, DType::f32);
         break;
       }
-      case CollectiveOp::broadcast: comm_.broadcast(recv_.data(), count, DType::f32, options_.root); break;
+      case CollectiveOp::broadcast: tested_.broadcast(recv(), count, DType::f32, options_.root); break;
       case CollectiveOp::reduce_scatter:
-        comm_.reduce_scatter(send_.data(), recv_.data(), block(count), DType::f32, ReduceOp::sum);
+        tested_.reduce_scatter(send(), recv(), block(count), DType::f32, ReduceOp::sum);
         break;
-      case CollectiveOp::all_reduce: comm_.all_reduce(recv_.data(), count, DType::f32, ReduceOp::sum); break;
+      case CollectiveOp::all_reduce: tested_.all_reduce(recv(), count, DType::f32, ReduceOp::sum); break;
     }
   }
 
@@ -190,22 +219,29 @@ class CollectiveBench {
   }
 
   Communicator& comm_;
+  Communicator& tested_;
   const Options& options_;
   CollectiveOp op_;
   int world_;
   int rank_;
+  bool on_device_;
   std::vector<float> send_;
   std::vector<float> recv_;
+  std::unique_ptr<DeviceBuffer> send_device_;  // --device cuda
+  std::unique_ptr<DeviceBuffer> recv_device_;
 };
 
 }  // namespace
 
-int run_collectives(Communicator& comm, const Options& options) {
+int run_collectives(Communicator& comm, const Options& options) { return run_collectives(comm, comm, options); }
+
+int run_collectives(Communicator& comm, Communicator& tested, const Options& options) {
   if (options.root >= comm.size()) {
     bad_usage(fmt::format("-r {} is not a rank of this {}-rank job", options.root, comm.size()));
   }
-  say(comm, "# shardopt-bench collectives: world {}, backend {}, type float, iters {}, warmup {}, check {}\n",
-      comm.size(), comm.backend_name(), options.iters, options.warmup, options.check ? 1 : 0);
+  const std::string where = options.device == BenchDevice::cuda ? fmt::format(", buffers on cuda:{}", current_device_info().index) : "";
+  say(comm, "# shardopt-bench collectives: world {}, backend {}{}, type float, iters {}, warmup {}, check {}\n",
+      comm.size(), tested.backend_name(), where, options.iters, options.warmup, options.check ? 1 : 0);
   say(comm, "# time: median over the iterations of the slowest rank; algbw = size / time; "
             "busbw = algbw x nccl-tests' bus factor\n");
   int64_t wrong_total = 0;
@@ -213,7 +249,7 @@ int run_collectives(Communicator& comm, const Options& options) {
   int rows = 0;
   for (CollectiveOp op : options.ops) {
     const OpTraits t = traits(op);
-    CollectiveBench bench(comm, options, op);
+    CollectiveBench bench(comm, tested, options, op);
     say(comm, "#\n# {} ({})\n", t.name, t.placement);
     say(comm, "# {:>12} {:>13} {:>7} {:>6} {:>5} {:>11} {:>9} {:>9} {:>7}\n", "size", "count", "type",
         "redop", "root", "time", "algbw", "busbw", "#wrong");

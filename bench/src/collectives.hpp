@@ -12,4 +12,9 @@ namespace shardopt_bench {
 // rank 0; returns the exit status (1 when any element was wrong).
 int run_collectives(shardopt::Communicator& comm, const Options& options);
 
+// The same sweep with the collectives run on `tested` (the same ranks as `comm`, which times,
+// barriers and sums the checks over MPI): with --device cuda, a NCCL or CUDA-aware communicator
+// over device buffers on tested.device().
+int run_collectives(shardopt::Communicator& comm, shardopt::Communicator& tested, const Options& options);
+
 }  // namespace shardopt_bench

@@ -23,10 +23,15 @@
 //               blocking save() and with save_async() + wait_save(), each call timed on its
 //               slowest rank (checkpoint_cost.hpp).
 //
+// --device cuda runs the collectives on device buffers (NCCL over MPI, or a CUDA-aware MPI) and
+// the step on CUDA parameters against the device-to-device bandwidth (cuda_run, cuda_step).
+//
 // One job per file beside this one: options (flags), support.hpp (timing and MPI helpers),
 // collectives (the sweep), model (the model and its synthetic values), cache (the last-level
 // cache), stream (bandwidths), roofline (bytes the step must move, the verdict), verify (the
-// self-check), step (the step mode), checkpoint_cost (the checkpoint mode).
+// self-check), step (the step mode), checkpoint_cost (the checkpoint mode), cuda_run (the device
+// check and dispatch), cuda_step (the step on a GPU), cuda_device (CUDA runtime calls: device
+// memory, events, bandwidth kernels; cuda_unavailable in a build without CUDA).
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -34,6 +39,7 @@
 
 #include "checkpoint_cost.hpp"
 #include "collectives.hpp"
+#include "cuda_run.hpp"
 #include "options.hpp"
 #include "step.hpp"
 #include "shardopt/shardopt.hpp"
@@ -64,6 +70,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    if (options.device == shardopt_bench::BenchDevice::cuda) return shardopt_bench::run_on_cuda(comm, options);
     switch (options.mode) {
       case BenchMode::collectives: return shardopt_bench::run_collectives(*comm, options);
       case BenchMode::step: return shardopt_bench::run_step(comm, options);

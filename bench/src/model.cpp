@@ -103,12 +103,32 @@ bool coarse_gradients(const Options& o) { return o.stage == 2; }
 
 }  // namespace
 
-std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> comm, const Options& o,
-                                               OptimizerConfig config, const std::vector<Tensor>& pieces,
-                                               ExternalBuffers& external) {
+ParamGroupSpec make_group(const Options& o, const std::vector<Tensor>& pieces, shardopt::Device device) {
   ParamGroupSpec group;
   group.hyper.lr = o.lr;
   if (o.algorithm == Algorithm::sgd) group.hyper.momentum = o.momentum;
+  for (const Tensor& t : pieces) {
+    ParamSpec spec;
+    spec.name = t.name;
+    spec.param = TensorRef{nullptr, t.numel, o.dtype, device};
+    spec.grad = spec.param;
+    group.params.push_back(std::move(spec));
+  }
+  return group;
+}
+
+void fill_param_values(const TensorRef& out, int64_t first_index, int threads) {
+  fill_synthetic(out, first_index, kParamStream, kParamScale, false, threads);
+}
+
+void fill_grad_values(const TensorRef& out, int64_t first_index, const Options& o) {
+  fill_synthetic(out, first_index, kGradStream, kGradScale, coarse_gradients(o), o.threads);
+}
+
+std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> comm, const Options& o,
+                                               OptimizerConfig config, const std::vector<Tensor>& pieces,
+                                               ExternalBuffers& external, InitialValues initial) {
+  ParamGroupSpec group = make_group(o, pieces, shardopt::Device::cpu());
   const auto element_bytes = static_cast<int64_t>(shardopt::dtype_size(o.dtype));
   int64_t total = 0;
   for (const Tensor& t : pieces) total += t.numel;
@@ -116,29 +136,35 @@ std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> com
     const auto words = static_cast<std::size_t>((total * element_bytes + 3) / 4);
     external.params.assign(words, 0.f);
     external.grads.assign(words, 0.f);
-  }
-  int64_t at = 0;
-  for (const Tensor& t : pieces) {
-    ParamSpec spec;
-    spec.name = t.name;
-    spec.param = TensorRef{nullptr, t.numel, o.dtype, shardopt::Device::cpu()};
-    spec.grad = spec.param;
-    if (config.storage == Storage::external) {
+    int64_t at = 0;
+    for (ParamSpec& spec : group.params) {
       spec.param.data = reinterpret_cast<char*>(external.params.data()) + at * element_bytes;
       spec.grad.data = reinterpret_cast<char*>(external.grads.data()) + at * element_bytes;
+      at += spec.param.numel;
     }
-    at += t.numel;
-    group.params.push_back(std::move(spec));
   }
-  // Values are written through the views after construction, so that no extra full copy of
-  // the initial parameters inflates the peak RSS that the step reports.
+  // through_views: values are written through the views after construction, so that no extra
+  // full copy of the initial parameters inflates the peak RSS that the step reports.
+  std::vector<float> initial_params;  // at_registration with bucket view: copied in, then freed
+  if (initial == InitialValues::at_registration) {
+    if (config.storage == Storage::bucket_view) {
+      initial_params.assign(static_cast<std::size_t>((total * element_bytes + 3) / 4), 0.f);
+      int64_t at = 0;
+      for (ParamSpec& spec : group.params) {
+        spec.param.data = reinterpret_cast<char*>(initial_params.data()) + at * element_bytes;
+        at += spec.param.numel;
+      }
+    }
+    for (std::size_t i = 0; i < pieces.size(); ++i) fill_param_values(group.params[i].param, pieces[i].offset, o.threads);
+  }
   const bool grad_views = !(config.stage == 2 && config.storage == Storage::bucket_view);
   auto opt = std::make_unique<ZeroOptimizer>(std::move(comm), config, std::vector<ParamGroupSpec>{std::move(group)});
+  initial_params = std::vector<float>();
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Tensor& t = pieces[i];
     const auto id = static_cast<shardopt::ParamId>(i);
-    fill_synthetic(opt->param_view(id), t.offset, kParamStream, kParamScale, false, o.threads);
-    if (grad_views) fill_synthetic(opt->grad_view(id), t.offset, kGradStream, kGradScale, coarse_gradients(o), o.threads);
+    if (initial == InitialValues::through_views) fill_param_values(opt->param_view(id), t.offset, o.threads);
+    if (grad_views) fill_grad_values(opt->grad_view(id), t.offset, o);
   }
   return opt;
 }

@@ -37,13 +37,37 @@ struct ExternalBuffers {
 // The OptimizerConfig the flags describe.
 shardopt::OptimizerConfig make_config(const Options& o);
 
+// One param group over `pieces` (named as the model's tensors, in order) with the flags'
+// hyperparameters; each param is declared on `device` with no data (shardopt-owned zeros) and
+// its grad like it: callers pass buffers by setting .data.
+shardopt::ParamGroupSpec make_group(const Options& o, const std::vector<Tensor>& pieces, shardopt::Device device);
+
+// The synthetic initial parameters and gradients of global elements [first_index,
+// first_index + out.numel), written into host memory of out.dtype (bf16/f16: rounded to nearest
+// even from the f32 value). The same on every rank and in every run.
+void fill_param_values(const shardopt::TensorRef& out, int64_t first_index, int threads);
+void fill_grad_values(const shardopt::TensorRef& out, int64_t first_index, const Options& o);
+
+// When the synthetic initial parameters reach a CPU optimizer. bf16/f16 masters are seeded
+// from the parameters at registration, so the two give different (equally timed) trainings.
+enum class InitialValues {
+  // Written through param_view() after registration: no second copy of the model inflates the
+  // peak RSS the step reports; bf16/f16 masters start from zeros (the first step then writes
+  // the parameters from them).
+  through_views,
+  // Passed as the parameters' data at registration, as a trainer does: masters start from the
+  // values. What the --device cuda step does, so its CPU reference does it too.
+  at_registration,
+};
+
 // Builds an optimizer over `pieces` of the model ([first, first+numel) ranges of global
 // indices) with synthetic initial values and gradients (not for stage 2 with bucket view,
 // which has no gradient views: see hand_gradients).
 std::unique_ptr<shardopt::ZeroOptimizer> build_optimizer(std::shared_ptr<shardopt::Communicator> comm,
                                                          const Options& o, shardopt::OptimizerConfig config,
                                                          const std::vector<Tensor>& pieces,
-                                                         ExternalBuffers& external);
+                                                         ExternalBuffers& external,
+                                                         InitialValues initial = InitialValues::through_views);
 
 // Stage 2, before every step (untimed): every rank hands the same synthetic gradients (bucket
 // view: one param at a time through `scratch`, in registration order; external: they are

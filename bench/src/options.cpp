@@ -10,7 +10,18 @@
 namespace shardopt_bench {
 
 const char* const usage_text =
-    "usage: mpirun -np N shardopt-bench [--mode collectives|step|checkpoint] [options]\n"
+    "usage: mpirun -np N shardopt-bench [--mode collectives|step|checkpoint] [--device cpu|cuda] [options]\n"
+    "\n"
+    "Device options (collectives and step):\n"
+    "  --device cpu|cuda         where the buffers and parameters live (default cpu). cuda: one\n"
+    "                            GPU per rank (node-local rank % devices), device buffers from\n"
+    "                            cudaMalloc, timed with a device synchronisation around each\n"
+    "                            call; the step's roofline is the device-to-device bandwidth\n"
+    "                            measured in the same run. Exit status 4 when this build or\n"
+    "                            machine cannot run it (no CUDA, no device, no NCCL)\n"
+    "  --comm nccl|mpi           with --device cuda: the communicator under test (default\n"
+    "                            nccl, bootstrapped over MPI; mpi needs one rank or a\n"
+    "                            CUDA-aware MPI)\n"
     "\n"
     "Sweep options (nccl-tests' names; sizes take K/M/G suffixes, powers of 1024):\n"
     "  -b, --minbytes SIZE       smallest collective size (default 1K)\n"
@@ -46,7 +57,8 @@ const char* const usage_text =
     "                                        The timed step is the same; at 2 the gradients\n"
     "                                        are handed with reduce_gradient() and reduced to\n"
     "                                        their owners before every step, untimed\n"
-    "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1)\n"
+    "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1;\n"
+    "                            --device cuda: the CPU reference's threads, default all cores)\n"
     "  --bucket-bytes B          OptimizerConfig::bucket_bytes (default 4 MiB, the library default)\n"
     "  --pipeline-chunk-bytes B  OptimizerConfig::pipeline_chunk_bytes: update and sync in chunks (default 0: off)\n"
     "  --node-shared 0|1         OptimizerConfig::node_shared_params (default 1): 0 makes the\n"
@@ -55,7 +67,7 @@ const char* const usage_text =
     "                            baseline; implies --mode step (also --shard ...)\n"
     "  --stream-mb M             MiB per bandwidth-test array, 4 arrays per rank (default\n"
     "                            max(4 x the last-level caches this rank's CPUs use, 64),\n"
-    "                            the cache read from sysfs)\n"
+    "                            the cache read from sysfs; --device cuda: max(8 x L2, 512))\n"
     "  --breakdown               also print the step's phases (agreement, update, sync and\n"
     "                            the rest), medians over the same timed steps, and time\n"
     "                            reduce_gradients() on its own\n"
@@ -74,8 +86,11 @@ const char* const usage_text =
     "step whose data fit in the last-level cache is not judged (S=cache_resident).\n"
     "checkpoint prints one line: the median plain step, each kind of save's calls, and each\n"
     "kind's visible cost per round (its time beyond the plain steps) and their ratio.\n"
+    "--device cuda step adds d2d_*_gbps (the bandwidths measured), gpu_event_ms_median and\n"
+    "step_over_roofline (step time / roofline time, the inverse of roofline_fraction).\n"
     "Exit status: 0 OK, 1 when anything was wrong, 2 for a bad option, 3 when the results\n"
-    "were right but the roofline measurement was not (S=measurement_error).\n";
+    "were right but the roofline measurement was not (S=measurement_error), 4 when --device\n"
+    "cuda cannot run here (one line says why).\n";
 
 [[noreturn]] void bad_usage(const std::string& message) { throw std::invalid_argument(message); }
 
@@ -208,7 +223,19 @@ Options parse_options(int argc, char** argv) {
       else if (value == "f16") o.dtype = DType::f16;
       else bad_usage("--dtype expects f32, bf16 or f16, got '" + value + "'");
     } else if (flag == "--stage") o.stage = static_cast<int>(parse_int(flag, value, 1, 2));
-    else if (flag == "--threads") o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
+    else if (flag == "--threads") {
+      o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
+      o.threads_given = true;
+    } else if (flag == "--device") {
+      if (value == "cpu") o.device = BenchDevice::cpu;
+      else if (value == "cuda") o.device = BenchDevice::cuda;
+      else bad_usage("--device expects cpu or cuda, got '" + value + "'");
+    } else if (flag == "--comm") {
+      if (value == "nccl") o.comm = DeviceComm::nccl;
+      else if (value == "mpi") o.comm = DeviceComm::mpi;
+      else bad_usage("--comm expects nccl or mpi, got '" + value + "'");
+      o.comm_given = true;
+    }
     else if (flag == "--bucket-bytes") o.bucket_bytes = std::max<int64_t>(1, parse_size(flag, value));
     else if (flag == "--pipeline-chunk-bytes") o.pipeline_chunk_bytes = parse_size(flag, value);
     else if (flag == "--node-shared") o.node_shared_params = parse_int(flag, value, 0, 1) == 1;
@@ -222,6 +249,18 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.stage == 2 && !o.sharded) {
     bad_usage("--stage 2 shards the gradients by the state's partition; it needs --mode sharded");
+  }
+  if (o.device == BenchDevice::cuda && o.mode == BenchMode::checkpoint) {
+    bad_usage("--device cuda runs the collectives and step modes, not --mode checkpoint");
+  }
+  if (o.device == BenchDevice::cuda && o.mode == BenchMode::step && o.stage == 2) {
+    bad_usage("--device cuda times the stage-1 step only; drop --stage 2");
+  }
+  if (o.device == BenchDevice::cuda && o.breakdown) {
+    bad_usage("--breakdown is not measured with --device cuda: the step's phases are only enqueued on the host");
+  }
+  if (o.comm_given && o.device != BenchDevice::cuda) {
+    bad_usage("--comm picks the communicator of --device cuda; the cpu device always uses MPI");
   }
   if (o.step_factor <= 1.0 && o.step_bytes <= 0 && o.min_bytes != o.max_bytes) {
     bad_usage("-f must be > 1, or -i must be positive, for the sweep to advance");

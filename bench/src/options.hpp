@@ -19,10 +19,18 @@ using shardopt::Storage;
 extern const char* const usage_text;
 
 enum class BenchMode { collectives, step, checkpoint };
+// Where the collectives' buffers and the step's parameters live (--device).
+enum class BenchDevice { cpu, cuda };
+// The communicator under test with --device cuda (--comm): NCCL bootstrapped over MPI, or the
+// MPI communicator itself (one rank, or a CUDA-aware MPI).
+enum class DeviceComm { nccl, mpi };
 enum class CollectiveOp { all_gather, broadcast, reduce_scatter, all_reduce };
 
 struct Options {
   BenchMode mode = BenchMode::collectives;
+  BenchDevice device = BenchDevice::cpu;
+  DeviceComm comm = DeviceComm::nccl;
+  bool comm_given = false;
   // Sweep and timing.
   int64_t min_bytes = 1024;
   int64_t max_bytes = int64_t{16} << 20;
@@ -47,6 +55,7 @@ struct Options {
   DType dtype = DType::f32;
   int stage = 1;
   int threads = 1;
+  bool threads_given = false;  // --device cuda: the CPU reference's threads default to all cores
   int64_t bucket_bytes = shardopt::OptimizerConfig{}.bucket_bytes;
   int64_t pipeline_chunk_bytes = 0;
   bool node_shared_params = true;  // OptimizerConfig::node_shared_params

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "model.hpp"
 #include "options.hpp"
@@ -16,7 +18,20 @@ namespace shardopt_bench {
 // differing element counts 1). The update rules are elementwise and the step counts agree, so
 // a slice is a faithful reference, and the N ranks together cover every element at 1/N of the
 // cost. Returns the total over all ranks, the same on every rank.
+//
+// `comm` is a host communicator (MPI) over the same ranks as the optimizer's; the reference
+// always runs on the CPU, so a device optimizer is checked against the CPU path bitwise.
 int64_t count_wrong_params(const std::shared_ptr<shardopt::Communicator>& comm, const Options& o, const Model& model,
                            const shardopt::ZeroOptimizer& opt, int steps);
+
+// Host-readable values of the optimizer's param `id`: its view itself on the CPU; a copy into
+// `scratch` (resized as needed) when it lives on a device.
+using ParamReader = std::function<shardopt::TensorRef(shardopt::ParamId id, std::vector<uint32_t>& scratch)>;
+
+// The same check for an optimizer whose parameters are read through `read` and whose initial
+// values arrived as `initial` says (the reference receives them the same way).
+int64_t count_wrong_params(const std::shared_ptr<shardopt::Communicator>& comm, const Options& o, const Model& model,
+                           const shardopt::ZeroOptimizer& opt, int steps, const ParamReader& read,
+                           InitialValues initial);
 
 }  // namespace shardopt_bench
