@@ -36,10 +36,10 @@ struct CommOptions {
   // watchdog (as does +inf); NaN and negative values are refused (Error(invalid_argument))
   // when the communicator is created.
   // Over MPI, the memory of a collective that timed out stays in MPI's hands until the late
-  // peer joins it or MPI is finalised. shardopt keeps its own buffers (an optimizer's
+  // peer joins it or MPI is finalised. shardopt keeps its flat buffers (an optimizer's
   // gradients, parameters and staging) allocated until then, even after their owner is
   // destroyed. Buffers you passed to a collective yourself (a Communicator call, the C ABI's
-  // collectives) you must keep alive, unmoved, until MPI_Finalize has returned (with
+  // collectives) you must keep allocated until MPI_Finalize has returned (with
   // mpi_world, which finalises MPI at exit: until the process exits), or MPI may write into
   // freed memory.
   // Where shardopt initialised MPI it also finalises it at exit, and this bounds that too:
