@@ -32,7 +32,8 @@ typedef enum shardopt_reduce_op {
  *  - valid arguments that differ between ranks (count, dtype, op, root): SHARDOPT_ERR_MISMATCH
  *    naming the argument, the two values and the ranks.
  * A peer that never calls fails the others with SHARDOPT_ERR_TIMEOUT after the communicator's
- * timeout. */
+ * timeout; over MPI the timed-out collective stays live, so keep its buffer allocated until MPI
+ * is finalised (see CommOptions.timeout_seconds in shardopt/communicator.hpp). */
 
 /* In place: every rank's `count` elements at `buffer` become their reduction over the ranks. */
 SHARDOPT_C_API shardopt_status shardopt_comm_all_reduce(shardopt_comm_t comm, void* buffer, int64_t count,

@@ -7,6 +7,7 @@
 #include <memory>
 #include <new>
 
+#include "core/abandoned_memory.hpp"
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 #include "shardopt/types.hpp"
@@ -14,20 +15,26 @@
 namespace shardopt {
 namespace core {
 
-// Frees with the allocator that matches the memory's device. (A namespace-scope type: a
-// nested one with a default member initializer is not default-constructible inside its class.)
+// Frees with the allocator that matches the memory's device, or later: while a collective
+// that was abandoned (it timed out; MPI cannot cancel it) may still read or write the memory,
+// the free waits for it (core/abandoned_memory.hpp). (A namespace-scope type: a nested one
+// with a default member initializer is not default-constructible inside its class.)
 struct FlatBufferFree {
   Device device = Device::cpu();
+  std::size_t bytes = 0;  // the allocation's size
   // Memory the buffer does not own (a node-shared mapping): released with this deleter, which
   // then frees nothing itself.
   std::shared_ptr<void> mapping;
   void operator()(float* p) const {
-    if (mapping) return;
-    if (device.is_cuda()) {
-      device::cuda_free(device, p);
-    } else {
-      std::free(p);
-    }
+    AbandonedMemory::process().free_or_defer(p, bytes, [device = device, mapping = mapping, p]() mutable {
+      if (mapping) {
+        mapping.reset();
+      } else if (device.is_cuda()) {
+        device::cuda_free(device, p);
+      } else {
+        std::free(p);
+      }
+    });
   }
 };
 
@@ -50,13 +57,13 @@ class FlatBuffer {
     if (device_.is_cuda()) {
       // cudaMalloc aligns to at least 256 bytes.
       void* p = device::cuda_allocate_zeroed(device_, bytes, stream_);
-      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, nullptr});
+      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, bytes, nullptr});
     } else {
       void* p = std::aligned_alloc(64, bytes);
       SHARDOPT_CHECK(p != nullptr, out_of_memory, "out of memory: allocating a host buffer of {} {} elements ({} bytes)",
                      numel, dtype_name(dtype_), bytes);
       std::memset(p, 0, bytes);
-      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, nullptr});
+      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, bytes, nullptr});
     }
     numel_ = numel;
   }
@@ -64,7 +71,7 @@ class FlatBuffer {
   // aligned, at least the rounded-up size resize() would allocate); `mapping` keeps it alive.
   static FlatBuffer over_mapping(std::shared_ptr<void> mapping, void* data, int64_t numel, DType dtype) {
     FlatBuffer buffer(Device::cpu(), nullptr, dtype);
-    buffer.data_ = std::unique_ptr<float, Free>(static_cast<float*>(data), Free{Device::cpu(), std::move(mapping)});
+    buffer.data_ = std::unique_ptr<float, Free>(static_cast<float*>(data), Free{Device::cpu(), allocation_bytes(numel, dtype), std::move(mapping)});
     buffer.numel_ = numel;
     return buffer;
   }

@@ -9,8 +9,7 @@
 #include "checkpoint/optimizer_parts.hpp"
 #include "ckpt_test_support.hpp"
 #include "host_device_ops.hpp"
-#include "optim/grad_reducer.hpp"
-#include "optim/param_sync.hpp"
+#include "wired_optimizer_parts.hpp"
 
 namespace {
 
@@ -21,59 +20,24 @@ using shardopt_test::StreamReportingComm;
 
 const std::vector<int64_t> kSizes = {1000, 37, 0, 515, 2048, 3};
 
-// The optimizer's parts wired as ZeroOptimizer wires them, over a given DeviceContext.
-struct Parts {
+// The optimizer's parts wired as ZeroOptimizer wires them, over a given DeviceContext, and
+// the checkpoint's view of them.
+struct Parts : shardopt_test::WiredOptimizerParts {
   Parts(std::unique_ptr<optim::DeviceContext> context, const OptimizerConfig& cfg)
-      : config(cfg),
-        dev(std::move(context)),
-        table(default_hyperparams(cfg.algorithm)),
-        shard(*dev, config, table),
-        reducer(*dev, config, table, shard),
-        sync(*dev, config, table, shard),
-        step(*dev, config, table, shard, sync) {
-    std::vector<ParamGroupSpec> specs(1);
-    for (std::size_t i = 0; i < kSizes.size(); ++i) {
-      initial.push_back(shardopt_test::seeded_values(static_cast<uint32_t>(10 + i), kSizes[i]));
-      ParamSpec p;
-      p.name = "p" + std::to_string(i);
-      p.param = TensorRef{initial.back().data(), kSizes[i], DType::f32, Device::cpu()};
-      specs[0].params.push_back(p);
-    }
-    optim::Registration added = table.prepare(specs, config, Device::cpu(), "test", dev->rank());
-    std::vector<const void*> values = added.initial_values;
-    table.append(std::move(added));
-    shard.rebuild(values, 0);
-    reducer.reset();
-  }
+      : WiredOptimizerParts(std::move(context), cfg, kSizes) {}
   void train(int from, int to) {
     for (int s = from; s < to; ++s) {
       for (std::size_t i = 0; i < table.size(); ++i) {
-        const std::vector<float> g = shardopt_test::seeded_values(static_cast<uint32_t>(1000 + 97 * s + i), kSizes[i]);
+        const std::vector<float> g = seeded_grad(s, i);
         dev->copy_bytes(shard.grad_ptr(i), g.data(), g.size() * sizeof(float));
       }
       reducer.reduce_all();
       step.run(false, 0.0);
     }
   }
-  std::vector<float> params() const {
-    std::vector<float> out;
-    for (std::size_t i = 0; i < table.size(); ++i) {
-      const float* p = static_cast<const float*>(shard.param_ptr(i));
-      out.insert(out.end(), p, p + kSizes[i]);
-    }
-    return out;
-  }
   checkpoint::OptimizerParts parts() { return checkpoint::OptimizerParts{config, *dev, table, shard, step, staging}; }
 
-  OptimizerConfig config;
-  std::unique_ptr<optim::DeviceContext> dev;
-  optim::ParamTable table;
-  optim::ShardState shard;
-  optim::GradReducer reducer;
-  optim::ParamSync sync;
-  optim::Step step;
   checkpoint::StagingSettings staging;
-  std::vector<std::vector<float>> initial;
 };
 
 std::unique_ptr<Parts> device_parts(const OptimizerConfig& config, DeviceCallCounts& counts) {

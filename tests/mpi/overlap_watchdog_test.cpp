@@ -1,5 +1,9 @@
 // tests/mpi/overlap_watchdog_test.cpp — with config.overlap, a bucket reduction a peer never joins in time becomes Error(timeout) on the caller (never a hang), and later calls fail at once.
 //
+// The timed-out all-reduce stays live in MPI and may complete only inside MPI_Finalize, after
+// the optimizer is gone: its gradient buffer must stay allocated until then, which the
+// AddressSanitizer build checks (core/abandoned_memory.hpp).
+//
 // Rank 1 is late on purpose (it sleeps past rank 0's timeout), so this runs as a plain
 // program at exactly 2 ranks rather than inside the Catch2 runner, as watchdog_test does.
 #include <chrono>

@@ -6,12 +6,7 @@
 
 #include "host_device_ops.hpp"
 #include "mpi_test_support.hpp"
-#include "optim/device_context.hpp"
-#include "optim/grad_reducer.hpp"
-#include "optim/param_sync.hpp"
-#include "optim/param_table.hpp"
-#include "optim/shard_state.hpp"
-#include "optim/step.hpp"
+#include "wired_optimizer_parts.hpp"
 
 namespace {
 
@@ -23,37 +18,15 @@ using shardopt_test::StreamReportingComm;
 const std::vector<int64_t> kSizes = {1000, 37, 515, 2048, 3};
 
 // The optimizer's parts wired as ZeroOptimizer wires them, over a given DeviceContext.
-struct Parts {
+struct Parts : shardopt_test::WiredOptimizerParts {
   Parts(std::unique_ptr<optim::DeviceContext> context, const OptimizerConfig& cfg)
-      : config(cfg),
-        dev(std::move(context)),
-        table(default_hyperparams(cfg.algorithm)),
-        shard(*dev, config, table),
-        reducer(*dev, config, table, shard),
-        sync(*dev, config, table, shard),
-        step(*dev, config, table, shard, sync) {
-    std::vector<ParamGroupSpec> specs(1);
-    specs[0].hyper = GroupHyperparams{};
-    for (std::size_t i = 0; i < kSizes.size(); ++i) {
-      initial.push_back(shardopt_test::seeded_values(static_cast<uint32_t>(10 + i), kSizes[i]));
-      ParamSpec p;
-      p.name = "p" + std::to_string(i);
-      p.param = TensorRef{initial.back().data(), kSizes[i], DType::f32, Device::cpu()};
-      p.grad = TensorRef{nullptr, kSizes[i], DType::f32, Device::cpu()};
-      specs[0].params.push_back(p);
-    }
-    optim::Registration added = table.prepare(specs, config, Device::cpu(), "test", dev->rank());
-    std::vector<const void*> values = added.initial_values;
-    table.append(std::move(added));
-    shard.rebuild(values, 0);
-    reducer.reset();
-  }
+      : WiredOptimizerParts(std::move(context), cfg, kSizes) {}
 
   // One training step with seeded gradients (the same on every rank); `clip` asks for the norm
   // first, as clip_grad_norm() does.
   void train_step(int s, bool clip) {
     for (std::size_t i = 0; i < table.size(); ++i) {
-      const std::vector<float> g = shardopt_test::seeded_values(static_cast<uint32_t>(1000 + 97 * s + i), kSizes[i]);
+      const std::vector<float> g = seeded_grad(s, i);
       if (shard.stage2()) {
         // As a backward hook would: each gradient handed as soon as it is ready.
         reducer.hand(static_cast<ParamId>(i), TensorRef{const_cast<float*>(g.data()), kSizes[i], DType::f32,
@@ -76,24 +49,6 @@ struct Parts {
     }
     step.run(false, 0.0);
   }
-
-  std::vector<float> params() const {
-    std::vector<float> out;
-    for (std::size_t i = 0; i < table.size(); ++i) {
-      const float* p = static_cast<const float*>(shard.param_ptr(i));
-      out.insert(out.end(), p, p + kSizes[i]);
-    }
-    return out;
-  }
-
-  OptimizerConfig config;
-  std::unique_ptr<optim::DeviceContext> dev;
-  optim::ParamTable table;
-  optim::ShardState shard;
-  optim::GradReducer reducer;
-  optim::ParamSync sync;
-  optim::Step step;
-  std::vector<std::vector<float>> initial;
 };
 
 OptimizerConfig config_for(int64_t pipeline_chunk_bytes, int stage) {

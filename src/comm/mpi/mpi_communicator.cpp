@@ -85,6 +85,11 @@ void divide_by_size(void* data, int64_t count, DType dtype, int size) {
   }
 }
 
+// The bytes of `count` elements of `dtype` at `data`, times `blocks` (a block per rank).
+core::ByteRange span(const void* data, int64_t count, DType dtype, int blocks = 1) {
+  return core::ByteRange{data, static_cast<std::size_t>(count) * dtype_size(dtype) * static_cast<std::size_t>(blocks)};
+}
+
 int checked_count(int64_t count, const char* op) {
   SHARDOPT_CHECK(count >= 0, invalid_argument, "{}: negative count {}", op, count);
   SHARDOPT_CHECK(count <= INT_MAX, unsupported, "{}: count {} exceeds the MPI limit of {} elements per call",
@@ -140,7 +145,7 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
                    "broadcast: root {} is not a rank of this {}-rank communicator", root, size());
     MPI_Request request;
     state_->check(MPI_Ibcast(buffer, n, type, root, state_->comm(), &request), "MPI_Ibcast");
-    return std::make_unique<MpiPending>(state_, "broadcast", request);
+    return std::make_unique<MpiPending>(state_, "broadcast", request, TouchedMemory{span(buffer, count, dtype)});
   }
 
   std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv, int64_t count,
@@ -155,7 +160,8 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
     MPI_Request request;
     state_->check(MPI_Iallgather(source, n, type, recv, n, type, state_->comm(), &request),
                   "MPI_Iallgather");
-    return std::make_unique<MpiPending>(state_, "all_gather", request);
+    return std::make_unique<MpiPending>(state_, "all_gather", request,
+                                        TouchedMemory{span(send, count, dtype), span(recv, count, dtype, size())});
   }
 
   std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count, DType dtype,
@@ -167,7 +173,7 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
     state_->check(MPI_Iallreduce(MPI_IN_PLACE, buffer, n, mpi_type(dtype, "all_reduce"), reduction,
                                  state_->comm(), &request),
                   "MPI_Iallreduce");
-    auto pending = std::make_unique<MpiPending>(state_, "all_reduce", request);
+    auto pending = std::make_unique<MpiPending>(state_, "all_reduce", request, TouchedMemory{span(buffer, count, dtype)});
     if (op == ReduceOp::avg) {
       pending->finish = [buffer, count, dtype, size = size()] {
         divide_by_size(buffer, count, dtype, size);
@@ -186,7 +192,8 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
     state_->check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dtype, "reduce_scatter"),
                                             reduction, state_->comm(), &request),
                   "MPI_Ireduce_scatter_block");
-    auto pending = std::make_unique<MpiPending>(state_, "reduce_scatter", request);
+    auto pending = std::make_unique<MpiPending>(state_, "reduce_scatter", request,
+                                                TouchedMemory{span(send, count, dtype, size()), span(recv, count, dtype)});
     if (op == ReduceOp::avg) {
       pending->finish = [recv, count, dtype, size = size()] {
         divide_by_size(recv, count, dtype, size);
@@ -209,7 +216,8 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
     state_->check(MPI_Ireduce(source, is_root ? recv : nullptr, n, mpi_type(dtype, "reduce"),
                               reduction, root, state_->comm(), &request),
                   "MPI_Ireduce");
-    auto pending = std::make_unique<MpiPending>(state_, "reduce", request);
+    auto pending = std::make_unique<MpiPending>(state_, "reduce", request,
+                                                TouchedMemory{span(send, count, dtype), span(is_root ? recv : nullptr, count, dtype)});
     if (op == ReduceOp::avg && is_root) {
       pending->finish = [recv, count, dtype, size = size()] {
         divide_by_size(recv, count, dtype, size);

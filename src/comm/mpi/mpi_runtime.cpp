@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "comm/watchdog.hpp"
+#include "core/abandoned_memory.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
@@ -32,6 +33,8 @@ MpiRuntime::~MpiRuntime() {
   if (!owns_ || finalized) return;
   if (!peers_reach_exit()) return;  // see the class comment
   MPI_Finalize();
+  // The requests of collectives that timed out are gone with MPI: what they held may be freed.
+  core::AbandonedMemory::process().release_all();
 }
 
 void MpiRuntime::note_timeout(double seconds) {

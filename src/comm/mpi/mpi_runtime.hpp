@@ -18,7 +18,8 @@ namespace comm {
 // died or is cut off and the launcher lets the survivors run (mpirun --enable-recovery). So
 // the ranks first meet in a watched barrier, and a process whose peers do not all reach exit
 // within the longest collective timeout its communicators use ends without MPI_Finalize (its
-// launcher then reports an improper exit, which the job is).
+// launcher then reports an improper exit, which the job is). After MPI_Finalize the memory
+// that timed-out collectives held (core/abandoned_memory.hpp) is freed: MPI can no longer touch it.
 class MpiRuntime {
  public:
   MpiRuntime();

@@ -43,17 +43,28 @@ void MpiCommState::meet_on(MPI_Comm parent) {
 }
 
 MpiCommState::~MpiCommState() {
+  core::AbandonedMemory& abandoned = core::AbandonedMemory::process();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized || comm_ == MPI_COMM_NULL) return;
+  if (finalized) {
+    // MPI can touch nothing any more.
+    for (const LiveRequest& live : live_requests_) abandoned.release(live.hold);
+    return;
+  }
+  if (comm_ == MPI_COMM_NULL) return;
   bool still_live = false;
   const ErrorsReturn world_errors;
-  for (MPI_Request& request : live_requests_) {
+  for (LiveRequest& live : live_requests_) {
     int done = 0;
-    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) still_live = true;
+    if (MPI_Test(&live.request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) {
+      still_live = true;
+    } else {
+      abandoned.release(live.hold);  // the late peer came: its memory may be freed now
+    }
   }
   // A collective that is still live uses the communicator: it is left to MPI (not freed), as
-  // its request is, rather than risk MPI tearing either down under a late peer's traffic.
+  // its request is, rather than risk MPI tearing either down under a late peer's traffic. Its
+  // memory stays held until MPI is finalised (MpiRuntime), or until the process exits.
   if (!still_live) MPI_Comm_free(&comm_);
 }
 
@@ -75,14 +86,14 @@ void MpiCommState::check_usable(const char* op) const {
         unusable_);
 }
 
-void MpiCommState::wait(MPI_Request& request, const char* op) {
+void MpiCommState::wait(MPI_Request& request, const char* op, const TouchedMemory& touched) {
   if (request == MPI_REQUEST_NULL) return;
   const Deadline deadline(options_.timeout_seconds);
   bool done = false;
   const int code = test_until(request, deadline, done);
   const std::string missing = peers_.describe_missing();
   if (code != MPI_SUCCESS) {
-    keep_live(request);
+    keep_live(request, touched);
     request = MPI_REQUEST_NULL;
     unusable_ = fmt::format("{} on rank {} of {} failed in MPI: {}{}", op, rank_, size_,
                             mpi_error_string(code), missing);
@@ -97,7 +108,7 @@ void MpiCommState::wait(MPI_Request& request, const char* op) {
   unusable_ = fmt::format("{} on rank {} of {} did not complete within {:g} s{}", op, rank_,
                           size_, deadline.seconds(), missing);
   unusable_code_ = ErrorCode::timeout;
-  live_requests_.push_back(request);
+  live_requests_.push_back(LiveRequest{request, core::AbandonedMemory::process().hold(touched.data(), touched.size())});
   request = MPI_REQUEST_NULL;
   raise(ErrorCode::timeout,
         "{}. {}; the communicator is now unusable (MPI cannot cancel the collective, so its "
@@ -106,7 +117,7 @@ void MpiCommState::wait(MPI_Request& request, const char* op) {
         missing.empty() ? "A peer is dead, stuck, or issued a different collective" : "A peer died");
 }
 
-void MpiCommState::keep_live(MPI_Request request) {
+void MpiCommState::keep_live(MPI_Request request, const TouchedMemory& touched) {
   if (request == MPI_REQUEST_NULL) return;
   int done = 0;
   int code = MPI_SUCCESS;
@@ -115,19 +126,19 @@ void MpiCommState::keep_live(MPI_Request request) {
     code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
   }
   if (code == MPI_SUCCESS && done) return;
-  live_requests_.push_back(request);
+  live_requests_.push_back(LiveRequest{request, core::AbandonedMemory::process().hold(touched.data(), touched.size())});
 }
 
 MpiPending::~MpiPending() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) state_->keep_live(request_);
+  if (!finalized) state_->keep_live(request_, touched_);
 }
 
 void MpiPending::wait() {
   if (request_ == MPI_REQUEST_NULL) return;
   state_->check_usable(op_);
-  state_->wait(request_, op_);
+  state_->wait(request_, op_, touched_);
   if (finish) {
     const std::function<void()> last_step = std::move(finish);
     finish = nullptr;

@@ -5,7 +5,8 @@
 // get MPI_ERR_TRUNCATE, a dead peer a transport error) raises Error(comm) and poisons it too.
 // MPI forbids MPI_Cancel and MPI_Request_free on nonblocking collectives, so the request stays
 // live: MPI may still read and write its buffers if the peer arrives late. The state keeps that
-// request, and every later call on the communicator or on any of its pending handles raises
+// request and holds the memory it uses (core/abandoned_memory.hpp: shardopt's own buffers
+// there are freed only once the request completed, or MPI was finalised), and every later call on the communicator or on any of its pending handles raises
 // the same kind of error at once, naming what failed, instead of issuing collectives that can
 // no longer match the peers'.
 //
@@ -16,6 +17,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,11 +25,16 @@
 
 #include "comm/mpi/mpi_runtime.hpp"
 #include "comm/mpi/peer_liveness.hpp"
+#include "core/abandoned_memory.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/error.hpp"
 
 namespace shardopt {
 namespace comm {
+
+// The memory a collective's request reads or writes: its send and receive buffers (either may
+// be empty).
+using TouchedMemory = std::array<core::ByteRange, 2>;
 
 // A communicator's duplicate MPI_Comm and everything its pending collectives need, held by
 // shared_ptr so that a pending collective may outlive its communicator. Used from one thread
@@ -55,12 +62,13 @@ class MpiCommState {
   // `op` is the refused call.
   void check_usable(const char* op) const;
   // Polls `request` until it completes (it becomes MPI_REQUEST_NULL), MPI fails it, or the
-  // timeout passes; in the last two cases poisons this state, keeps the request and raises
-  // Error(comm) or Error(timeout) naming `op`.
-  void wait(MPI_Request& request, const char* op);
+  // timeout passes; in the last two cases poisons this state, keeps the request (and holds
+  // `touched`) and raises Error(comm) or Error(timeout) naming `op`.
+  void wait(MPI_Request& request, const char* op, const TouchedMemory& touched);
   // Keeps a request that nobody will wait for (a dropped or refused handle) unless it has
-  // completed already: it may not be freed, and its communicator must outlive it.
-  void keep_live(MPI_Request request);
+  // completed already: it may not be freed, its communicator must outlive it, and the memory
+  // it touches is held until it completes or MPI is finalised.
+  void keep_live(MPI_Request request, const TouchedMemory& touched);
 
  private:
   // A watched barrier on `parent` before MPI_Comm_dup, which blocks with no deadline: a peer
@@ -76,15 +84,20 @@ class MpiCommState {
   // while usable.
   std::string unusable_;
   ErrorCode unusable_code_ = ErrorCode::comm;
-  std::vector<MPI_Request> live_requests_;
+  struct LiveRequest {
+    MPI_Request request;
+    core::AbandonedMemory::Hold hold;  // the memory it may still touch
+  };
+  std::vector<LiveRequest> live_requests_;
   PeerDirectory peers_;  // to name the peers of this host that died, in failure messages
 };
 
 // A collective started by a nonblocking MPI call.
 class MpiPending final : public PendingCollective {
  public:
-  MpiPending(std::shared_ptr<MpiCommState> state, const char* op, MPI_Request request)
-      : state_(std::move(state)), op_(op), request_(request) {}
+  MpiPending(std::shared_ptr<MpiCommState> state, const char* op, MPI_Request request,
+             const TouchedMemory& touched = {})
+      : state_(std::move(state)), op_(op), request_(request), touched_(touched) {}
   ~MpiPending() override;
   MpiPending(const MpiPending&) = delete;
   MpiPending& operator=(const MpiPending&) = delete;
@@ -97,6 +110,7 @@ class MpiPending final : public PendingCollective {
   std::shared_ptr<MpiCommState> state_;
   const char* op_;
   MPI_Request request_;
+  TouchedMemory touched_;
 };
 
 }  // namespace comm
