@@ -502,6 +502,7 @@ void OverlapEngine::wait_bucket(int bucket) {
   const std::shared_ptr<comm::Ticket> ticket = gathers_[static_cast<std::size_t>(bucket)];
   if (!ticket) return;
   ticket->wait();
+  if (!gathers_per_bucket()) return;  // (then step() synced the parameters)
   const device::ScopedDevice scope(dev_.device());
   dev_.compute_waits(event_at(gathered_events_, bucket));
 }
