@@ -8,6 +8,7 @@
 
 #include "comm/agreement.hpp"
 #include "host_device_ops.hpp"
+#include "lazy_stream_comm.hpp"
 #include "mpi_test_support.hpp"
 #include "optim/device_context.hpp"
 #include "optim/grad_reducer.hpp"
@@ -23,6 +24,9 @@ namespace {
 using namespace shardopt;
 using shardopt_test::DeviceCallCounts;
 using shardopt_test::HostDeviceOps;
+using shardopt_test::LazyDeviceOps;
+using shardopt_test::LazyStream;
+using shardopt_test::LazyStreamComm;
 using shardopt_test::StreamReportingComm;
 
 // Several buckets of 64 f32 (128 bf16) elements, some params spanning two.
@@ -192,15 +196,15 @@ bool same(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-void check_overlapped_on_device(const Setup& s) {
-  INFO(describe(s));
+// `comm` reports a stream (StreamReportingComm, LazyStreamComm); `ops` counts into `counts`.
+template <typename StreamComm>
+void check_overlapped_on_device(const Setup& s, const std::shared_ptr<StreamComm>& comm,
+                                std::unique_ptr<optim::DeviceOps> ops, DeviceCallCounts& counts) {
+  INFO(describe(s) << ", " << comm->backend_name());
   std::shared_ptr<Communicator> world = shardopt_test::world();
   Parts plain(std::make_unique<optim::DeviceContext>(world), nullptr, s, OverlapPolicy::off);
-  DeviceCallCounts counts;
-  auto comm = std::make_shared<StreamReportingComm>(world);
   // No communication thread: over a stream-ordered communicator the engine only enqueues.
-  Parts device(std::make_unique<optim::DeviceContext>(comm, std::make_unique<HostDeviceOps>(&counts)), nullptr, s,
-               s.overlap);
+  Parts device(std::make_unique<optim::DeviceContext>(comm, std::move(ops)), nullptr, s, s.overlap);
   REQUIRE(device.dev->stream_ordered());
   REQUIRE(device.engine.enabled());
   REQUIRE_NOTHROW(device.engine.check_device_path());
@@ -256,11 +260,11 @@ void check_overlapped_on_device(const Setup& s) {
   CHECK(counts.synchronizations == at_start.synchronizations);
   CHECK(comm->host_waits() == host_waits_at_start);
   CHECK(counts.launches > after_first.launches);
+  device.engine.wait_all();  // whatever is still queued on a lazy stream runs (every rank alike)
 }
 
-}  // namespace
-
-TEST_CASE("overlap on the device path equals the plain step bitwise, with no host sync", "[device][overlap]") {
+std::vector<Setup> all_setups() {
+  std::vector<Setup> setups;
   for (int stage : {1, 2}) {
     for (PartitionStrategy partition : {PartitionStrategy::flat, PartitionStrategy::sorted_greedy}) {
       for (DType dtype : {DType::f32, DType::bf16}) {
@@ -270,10 +274,36 @@ TEST_CASE("overlap on the device path equals the plain step bitwise, with no hos
           s.partition = partition;
           s.dtype = dtype;
           s.overlap = overlap;
-          check_overlapped_on_device(s);
+          setups.push_back(s);
         }
       }
     }
+  }
+  return setups;
+}
+
+}  // namespace
+
+TEST_CASE("overlap on the device path equals the plain step bitwise, with no host sync", "[device][overlap]") {
+  for (const Setup& s : all_setups()) {
+    DeviceCallCounts counts;
+    auto comm = std::make_shared<StreamReportingComm>(shardopt_test::world());
+    check_overlapped_on_device(s, comm, std::make_unique<HostDeviceOps>(&counts), counts);
+  }
+}
+
+TEST_CASE("overlap on a communication stream that runs late: every read of a collective's result is ordered after it",
+          "[device][overlap]") {
+  // The collectives run only when the compute stream (or the host) waits for them: a missing
+  // event wait before a division, a per_bucket update, a staging buffer's reuse, the update
+  // after backward or a wait_param would read values from before the collective.
+  for (const Setup& s : all_setups()) {
+    DeviceCallCounts counts;
+    auto stream = std::make_shared<LazyStream>();
+    auto comm = std::make_shared<LazyStreamComm>(shardopt_test::world(), stream);
+    check_overlapped_on_device(s, comm, std::make_unique<LazyDeviceOps>(&counts, stream), counts);
+    // The test had something to catch: collectives ran late, on the compute stream's waits.
+    if (shardopt_test::world()->size() > 1) CHECK(stream->deferred_runs() > 0);
   }
 }
 
