@@ -38,11 +38,14 @@ struct Setup {
   PartitionStrategy partition = PartitionStrategy::flat;
   DType dtype = DType::f32;
   OverlapPolicy overlap = OverlapPolicy::after_backward;
+  // Sums divided by world + 1 instead of averaged (as while a rank is in join(), or with
+  // divide_by_initial_world_size): the division reads the reduction on the compute stream.
+  bool other_divisor = false;
 };
 
 std::string describe(const Setup& s) {
   return "stage " + std::to_string(s.stage) + ", " + partition_name(s.partition) + ", " + dtype_name(s.dtype) + ", " +
-         overlap_policy_name(s.overlap);
+         overlap_policy_name(s.overlap) + (s.other_divisor ? ", divided by world + 1" : "");
 }
 
 OptimizerConfig config_for(const Setup& s, OverlapPolicy overlap) {
@@ -122,7 +125,10 @@ struct Parts {
   std::size_t bytes_of(std::size_t param) const { return optim::span_bytes(kSizes[param], setup.dtype); }
 
   // Gradients in place (stage 1) or handed in backward order (stage 2), reduced, stepped.
+  int divisor(int active) const { return setup.other_divisor ? dev->world() + 1 : active; }
+
   void plain_step(int s) {
+    dev->set_gradient_divisor(divisor(dev->world()));
     for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) {
       const std::size_t k = static_cast<std::size_t>(i);
       std::vector<uint8_t> g = grad_of(setup, s, k);
@@ -141,7 +147,7 @@ struct Parts {
   // agreed, the round settled, the step.
   void overlapped_step(int s) {
     const comm::Agreed opened = comm::agree_with_joined(dev->host_comm(), comm::AgreementRecord("reduce_gradient"));
-    dev->set_gradient_divisor(opened.active());
+    dev->set_gradient_divisor(divisor(opened.active()));
     engine.open_round(opened, /*explicit_hand_over=*/true);
     for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) {
       const std::size_t k = static_cast<std::size_t>(i);
@@ -277,6 +283,13 @@ std::vector<Setup> all_setups() {
           setups.push_back(s);
         }
       }
+    }
+    for (OverlapPolicy overlap : {OverlapPolicy::after_backward, OverlapPolicy::per_bucket}) {
+      Setup divided;
+      divided.stage = stage;
+      divided.overlap = overlap;
+      divided.other_divisor = true;
+      setups.push_back(divided);
     }
   }
   return setups;
