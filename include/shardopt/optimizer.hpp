@@ -138,9 +138,12 @@ struct OptimizerConfig {
   // collectives progress while the trainer computes. CUDA parameters over NCCL: no thread; the
   // collectives are enqueued on the communication stream (nccl_stream) in the order issued and
   // progress there while the trainer's kernels run, ordered against cuda_stream() by events
-  // created once per layout, and no overlapped call makes the host wait for a bucket (see
-  // wait_param). CUDA parameters over MPI: one rank (no collective) works alike; over several
-  // ranks (a CUDA-aware MPI) registration raises Error(unsupported) on every rank. Hand gradients over as backward produces them (grad_ready for
+  // created once per layout. No bucket makes the host wait (see wait_param); the host waits
+  // only in the small agreements a round opens and ends with, which queue on the communication
+  // stream behind the collectives issued before them (the round's reductions; at the first
+  // hand-over, the last step's gathers). CUDA parameters over MPI: one rank (no collective)
+  // works alike; over several ranks (a CUDA-aware MPI) registration raises Error(unsupported)
+  // on every rank. Hand gradients over as backward produces them (grad_ready for
   // gradients written into grad_view at stage 1, reduce_gradient at either stage); each
   // bucket (bucket_bytes of the layout) is reduced once all of it is in. The first round's
   // order of completed buckets is agreed across the ranks (Error(mismatch) naming both orders
