@@ -132,10 +132,18 @@ struct OptimizerConfig {
   bool divide_by_initial_world_size = false;
   // Overlapping the gradient reduction with backward and the parameter all-gather with the
   // next forward (torch ZeRO's overlap_with_ddp, Megatron's overlapped distributed optimizer).
-  // Not off: the optimizer's communicator calls all run on a communication thread of its own,
-  // one at a time and in the order they were issued (MPI must provide MPI_THREAD_SERIALIZED;
-  // Error(unsupported) naming the level it provides otherwise), so collectives progress while
-  // the trainer computes. Hand gradients over as backward produces them (grad_ready for
+  // Not off, CPU parameters: the optimizer's communicator calls all run on a communication
+  // thread of its own, one at a time and in the order they were issued (MPI must provide
+  // MPI_THREAD_SERIALIZED; Error(unsupported) naming the level it provides otherwise), so
+  // collectives progress while the trainer computes. CUDA parameters over NCCL: no thread; the
+  // collectives are enqueued on the communication stream (nccl_stream) in the order issued and
+  // progress there while the trainer's kernels run, ordered against cuda_stream() by events
+  // created once per layout. No bucket makes the host wait (see wait_param); the host waits
+  // only in the small agreements a round opens and ends with, which queue on the communication
+  // stream behind the collectives issued before them (the round's reductions; at the first
+  // hand-over, the last step's gathers). CUDA parameters over MPI: one rank (no collective)
+  // works alike; over several ranks (a CUDA-aware MPI) registration raises Error(unsupported)
+  // on every rank. Hand gradients over as backward produces them (grad_ready for
   // gradients written into grad_view at stage 1, reduce_gradient at either stage); each
   // bucket (bucket_bytes of the layout) is reduced once all of it is in. The first round's
   // order of completed buckets is agreed across the ranks (Error(mismatch) naming both orders
@@ -145,8 +153,12 @@ struct OptimizerConfig {
   // wait_param/wait_bucket/wait_all before reading a parameter. Do not call the communicator
   // directly, or through another object built on it (another optimizer, an averager), until
   // wait_all(): those calls would race the optimizer's queued ones. Every collective call of
-  // this optimizer (and its destructor) first lets the queued work finish. Storage::external and
-  // CUDA parameters are refused (Error(invalid_argument) / Error(unsupported)).
+  // this optimizer (and its destructor) first lets the queued work finish. Storage::external is
+  // refused (Error(invalid_argument)). On a device, write or hand gradients in order on
+  // cuda_stream() as without overlap; per_bucket updates each bucket on cuda_stream() behind its
+  // reduction, so backward work enqueued on cuda_stream() after a hand-over waits for it (run
+  // backward on a stream of your own, ordered before cuda_stream() at each hand-over, to keep
+  // computing meanwhile).
   OverlapPolicy overlap = OverlapPolicy::off;
   // The optimizer-level hyperparameters (torch's `defaults`): what a group's unset fields take,
   // at construction and in add_param_group. Unset: default_hyperparams(algorithm).
@@ -283,6 +295,12 @@ class SHARDOPT_API ZeroOptimizer {
   // position in the layout, 0 .. num_buckets()-1) of the last step have landed on this rank;
   // wait_all() for all of them. Local (no collective); rethrow the failure of a collective
   // they waited for. Without overlap they return at once (step() syncs before it returns).
+  // CUDA parameters: they do not block the host; they make cuda_stream() wait (on the device)
+  // for the gathers of those values, so work enqueued on cuda_stream() afterwards (the next
+  // forward, or a copy, followed by a wait on that stream where the host reads) sees them.
+  // Work on another stream must wait for cuda_stream() after the call (an event recorded on
+  // it) to be ordered after them. A failed or missing peer surfaces as Error(timeout)/(comm)
+  // at the next call that waits on the host.
   void wait_param(ParamId id);
   void wait_bucket(int bucket);
   void wait_all();

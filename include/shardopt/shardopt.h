@@ -283,8 +283,10 @@ typedef struct shardopt_optimizer_config {
   /* SHARDOPT_OVERLAP_OFF (default), or overlap the step with backward and the next forward:
    * hand gradients with shardopt_optimizer_grad_ready / shardopt_optimizer_reduce_gradient as
    * backward produces them, and wait with shardopt_optimizer_wait_param before reading a
-   * parameter after a step. Bucket-view storage and CPU parameters only; MPI must provide
-   * MPI_THREAD_SERIALIZED. See OptimizerConfig::overlap in shardopt/optimizer.hpp. A
+   * parameter after a step. Bucket-view storage; MPI must provide MPI_THREAD_SERIALIZED. CUDA
+   * parameters over NCCL (or one rank): wait_param orders the optimizer's CUDA stream after the
+   * parameter's gather instead of blocking the host. See OptimizerConfig::overlap in
+   * shardopt/optimizer.hpp. A
    * shardopt_overlap_policy value, held in 64 bits: a 32-bit field would sit in the earlier
    * struct's tail padding and leave the struct's size, which tells the versions apart, as it was. */
   int64_t overlap;
@@ -511,7 +513,9 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_reduce_gradient_dlpack(shardop
  * per bucket, like reduce_gradient); without, the call only checks `id`. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_grad_ready(shardopt_optimizer_t opt, int32_t id);
 /* config.overlap: return once param `id`'s (bucket `bucket`'s, 0 .. num_buckets-1; every) new
- * values of the last step have landed on this rank. Local; without overlap they return at once. */
+ * values of the last step have landed on this rank. Local; without overlap they return at once.
+ * CUDA parameters: the host does not wait; the optimizer's CUDA stream (cuda_stream) waits for
+ * the values' gather, so work enqueued on it afterwards sees them. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_param(shardopt_optimizer_t opt, int32_t id);
 SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_bucket(shardopt_optimizer_t opt, int32_t bucket);
 SHARDOPT_C_API shardopt_status shardopt_optimizer_wait_all(shardopt_optimizer_t opt);

@@ -137,7 +137,9 @@ NB_MODULE(_shardopt, m) {
       .def_rw("overlap", &shardopt::OptimizerConfig::overlap,
               "OverlapPolicy: off, after_backward (reductions overlap backward, the all-gathers the next\n"
               "forward) or per_bucket (each bucket updated as its reduction lands; no clipping). Bucket view\n"
-              "storage and the MPI communicator only (a Python communicator raises Error(unsupported)).")
+              "storage; the MPI communicator (CPU parameters, or CUDA ones at one rank) or NCCL (CUDA\n"
+              "parameters: collectives on the communication stream, no thread); a Python communicator\n"
+              "raises Error(unsupported).")
       .def_prop_rw(
           "defaults", [](const shardopt::OptimizerConfig& c) { return c.defaults; },
           [](shardopt::OptimizerConfig& c, std::optional<shardopt::Hyperparams> d) { c.defaults = std::move(d); },
@@ -305,7 +307,8 @@ NB_MODULE(_shardopt, m) {
           "config.overlap, copied into grad_view(id)). Collective per bucket, once per step.")
       .def("wait_param", [](Opt& s, shardopt::ParamId id) { s.opt->wait_param(id); }, "id"_a,
            nb::call_guard<nb::gil_scoped_release>(),
-           "config.overlap: returns once param id's values from the last step have landed on this rank.")
+           "config.overlap: returns once param id's values from the last step have landed on this rank\n"
+           "(CUDA parameters: the optimizer's stream waits for them on the device; the host does not).")
       .def("wait_bucket", [](Opt& s, int bucket) { s.opt->wait_bucket(bucket); }, "bucket"_a,
            nb::call_guard<nb::gil_scoped_release>(), "wait_param for a bucket, 0 .. num_buckets()-1.")
       .def("wait_all", [](Opt& s) { s.opt->wait_all(); }, nb::call_guard<nb::gil_scoped_release>(),

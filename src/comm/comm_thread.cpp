@@ -28,17 +28,20 @@ CommThread::~CommThread() {
   thread_.join();
 }
 
-std::shared_ptr<Ticket> CommThread::submit(std::function<void()> work) {
+std::shared_ptr<Ticket> CommThread::run_here(const std::function<void()>& work) {
   auto ticket = std::make_shared<Ticket>();
-  if (on_this_thread()) {
-    try {
-      work();
-    } catch (...) {
-      ticket->error_ = std::current_exception();
-    }
-    ticket->done_ = true;
-    return ticket;
+  try {
+    work();
+  } catch (...) {
+    ticket->error_ = std::current_exception();
   }
+  ticket->done_ = true;
+  return ticket;
+}
+
+std::shared_ptr<Ticket> CommThread::submit(std::function<void()> work) {
+  if (on_this_thread()) return run_here(work);
+  auto ticket = std::make_shared<Ticket>();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(Item{std::move(work), ticket});

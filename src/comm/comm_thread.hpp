@@ -47,6 +47,9 @@ class CommThread {
   std::shared_ptr<Ticket> submit(std::function<void()> work);
   // submit() and wait.
   void run(std::function<void()> work) { submit(std::move(work))->wait(); }
+  // Runs `work` on the calling thread now; the ticket it returns is done and holds its error
+  // (for callers whose work only enqueues on a device stream and needs no thread).
+  static std::shared_ptr<Ticket> run_here(const std::function<void()>& work);
   // Waits until everything submitted so far has run (errors stay with their tickets).
   void drain();
   bool on_this_thread() const { return std::this_thread::get_id() == thread_.get_id(); }

@@ -69,6 +69,12 @@ class CudaDeviceOps final : public DeviceOps {
   void divide(void* x, DType dtype, int64_t n, float divisor, void* stream) override {
     kernels::divide_cuda(x, dtype, n, divisor, stream, &launch_);
   }
+  void widen(const void* src, DType dtype, float* dst, int64_t n, void* stream) override {
+    kernels::widen_cuda(src, dtype, dst, n, stream, &launch_);
+  }
+  void narrow(const float* src, void* dst, DType dtype, int64_t n, void* stream) override {
+    kernels::narrow_cuda(src, dst, dtype, n, stream, &launch_);
+  }
 
  private:
   Device device_;

@@ -134,6 +134,36 @@ void DeviceContext::finish_collectives(std::vector<std::unique_ptr<PendingCollec
   pending.clear();
 }
 
+void* DeviceContext::create_event() const {
+  SHARDOPT_CHECK(on_device() && stream_ordered(), internal, "an event without a stream-ordered device path");
+  return ops_->create_event();
+}
+
+void DeviceContext::destroy_event(void* event) const noexcept {
+  if (event != nullptr && ops_ != nullptr) ops_->destroy_event(event);
+}
+
+void DeviceContext::record_collectives(std::vector<std::unique_ptr<PendingCollective>>& pending, void* event) const {
+  if (on_device() && stream_ordered()) {
+    ops_->record_event(event, comm_stream_);
+    if (!pending.empty()) outstanding_ = std::move(pending.back());
+    pending.clear();
+    return;
+  }
+  for (auto& p : pending) p->wait();
+  pending.clear();
+}
+
+void DeviceContext::compute_waits(void* event) const {
+  if (event == nullptr || !on_device() || !stream_ordered()) return;
+  ops_->stream_wait_event(stream_, event);
+}
+
+void DeviceContext::compute_waits_for_collectives() const {
+  std::vector<std::unique_ptr<PendingCollective>> none;
+  finish_collectives(none);
+}
+
 void DeviceContext::bound_in_flight(std::vector<std::unique_ptr<PendingCollective>>& pending,
                                     std::size_t limit) const {
   if (pending.size() <= limit) return;
@@ -145,7 +175,7 @@ void DeviceContext::bound_in_flight(std::vector<std::unique_ptr<PendingCollectiv
 }
 
 void DeviceContext::finish_gradient_average(void* data, int64_t count, DType dtype) const {
-  if (count <= 0 || (!host_driven_ && divisor_ == world())) return;
+  if (count <= 0 || !gradient_average_divides()) return;
   if (on_device()) {
     ops_->divide(data, dtype, count, static_cast<float>(divisor_), stream_);
   } else {

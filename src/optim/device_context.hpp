@@ -74,12 +74,29 @@ class DeviceContext {
   // stream-ordered communicator, only let go (the device keeps their order).
   void bound_in_flight(std::vector<std::unique_ptr<PendingCollective>>& pending, std::size_t limit) const;
   bool stream_ordered() const { return comm_stream_ != nullptr; }
+  // For work that needs finer order than the two events above (the overlap engine's per-bucket
+  // events), stream-ordered communicators only: an event, created by the device operations.
+  void* create_event() const;
+  void destroy_event(void* event) const noexcept;
+  // Collectives issued since the last settle_before_collective: on a stream-ordered
+  // communicator `event` is recorded behind them on the communication stream (compute_waits
+  // orders later compute work after them) and the last one is kept for the next host wait as
+  // finish_collectives keeps it, but the compute stream does not wait now; otherwise the host
+  // waits for each.
+  void record_collectives(std::vector<std::unique_ptr<PendingCollective>>& pending, void* event) const;
+  // Stream-ordered: the compute stream waits on the device for `event`'s last record (nothing
+  // when `event` is null or the collectives run on the host's timeline).
+  void compute_waits(void* event) const;
+  // Stream-ordered: the compute stream waits on the device for every collective issued so far.
+  void compute_waits_for_collectives() const;
   // Averaging gradients: avg, or (host-driven device collectives) sum and then
   // finish_gradient_average's division on the stream.
   ReduceOp gradient_average_op() const {
     return host_driven_ || divisor_ != world() ? ReduceOp::sum : ReduceOp::avg;
   }
   void finish_gradient_average(void* data, int64_t count, DType dtype) const;
+  // Whether finish_gradient_average divides (it then reads the collective's result).
+  bool gradient_average_divides() const { return host_driven_ || divisor_ != world(); }
   // The number the gradient sums are divided by: the world size, or (Join) the number of ranks
   // that contributed. Another divisor than the world size sums and then divides, exactly as the
   // MPI communicator's avg does with its own size.

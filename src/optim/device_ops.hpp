@@ -52,6 +52,9 @@ class DeviceOps {
                           bool accumulate, void* workspace, void* stream) = 0;
   virtual std::size_t grad_stats_workspace_bytes() const = 0;
   virtual void divide(void* x, DType dtype, int64_t n, float divisor, void* stream) = 0;
+  // bf16/f16 <-> f32 (masters seeded from parameters, parameters set from f32 values).
+  virtual void widen(const void* src, DType dtype, float* dst, int64_t n, void* stream) = 0;
+  virtual void narrow(const float* src, void* dst, DType dtype, int64_t n, void* stream) = 0;
 };
 
 // The CUDA implementation on `device`, keeping the kernels' launch parameters (SM count,

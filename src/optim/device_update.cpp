@@ -30,14 +30,6 @@ void grad_stats_device(const void* grad, DType dtype, int64_t n, float unscale, 
   kernels::grad_stats_cuda(grad, dtype, n, unscale, inf_norm, out, accumulate, workspace, stream);
 }
 
-void widen_device(const void* src, DType dtype, float* dst, int64_t n, void* stream) {
-  kernels::widen_cuda(src, dtype, dst, n, stream);
-}
-
-void narrow_device(const float* src, void* dst, DType dtype, int64_t n, void* stream) {
-  kernels::narrow_cuda(src, dst, dtype, n, stream);
-}
-
 void divide_device(void* x, DType dtype, int64_t n, float divisor, void* stream) {
   kernels::divide_cuda(x, dtype, n, divisor, stream);
 }
@@ -62,8 +54,6 @@ void adam_update_device(const kernels::UpdateTensors&, float*, float*, float*, i
 void grad_stats_device(const void*, DType, int64_t, float, bool, double*, bool, void*, void*) {
   no_cuda("grad_stats_device");
 }
-void widen_device(const void*, DType, float*, int64_t, void*) { no_cuda("widen_device"); }
-void narrow_device(const float*, void*, DType, int64_t, void*) { no_cuda("narrow_device"); }
 void divide_device(void*, DType, int64_t, float, void*) { no_cuda("divide_device"); }
 
 #endif

@@ -27,8 +27,6 @@ void adam_update_device(const kernels::UpdateTensors& t, float* exp_avg, float* 
 // inf/NaN flag; see kernels::grad_stats_cuda.
 void grad_stats_device(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,
                        double* out, bool accumulate, void* workspace, void* stream);
-void widen_device(const void* src, DType dtype, float* dst, int64_t n, void* stream);
-void narrow_device(const float* src, void* dst, DType dtype, int64_t n, void* stream);
 // x[i] = narrow(widen(x[i]) / divisor): the average after a summing all-reduce, for any dtype,
 // rounded as MPI's host path.
 void divide_device(void* x, DType dtype, int64_t n, float divisor, void* stream);

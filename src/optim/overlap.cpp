@@ -1,4 +1,4 @@
-// src/optim/overlap.cpp — the overlap engine's rounds: hand-over, bucket order, reductions, per-bucket updates and the all-gathers in forward order.
+// src/optim/overlap.cpp — the overlap engine's rounds: hand-over, bucket order, reductions, per-bucket updates and the all-gathers in forward order, on the communication thread (CPU) or the streams (CUDA).
 #include "optim/overlap.hpp"
 
 #include <algorithm>
@@ -10,7 +10,10 @@ namespace optim {
 
 OverlapComm overlap_communicator(std::shared_ptr<Communicator> comm, const OptimizerConfig& config) {
   OverlapComm result;
-  if (config.overlap == OverlapPolicy::off || comm == nullptr) {
+  // A stream-ordered communicator (NCCL) only enqueues: the device progresses its collectives
+  // while the caller computes, with no thread needed to keep its calls in order.
+  if (config.overlap == OverlapPolicy::off || comm == nullptr ||
+      (comm->device().is_cuda() && comm->cuda_stream() != nullptr)) {
     result.comm = std::move(comm);
     return result;
   }
@@ -36,6 +39,49 @@ OverlapEngine::OverlapEngine(std::shared_ptr<comm::CommThread> thread, const Dev
 
 OverlapEngine::~OverlapEngine() {
   if (thread_) thread_->drain();
+  destroy_events();
+}
+
+void OverlapEngine::check_device_path() const {
+  if (!enabled() || !dev_.on_device() || dev_.world() == 1 || dev_.stream_ordered()) return;
+  raise(ErrorCode::unsupported,
+        "config.overlap = {} with parameters on {} over {} ranks needs a communicator that runs its collectives "
+        "on a CUDA stream (nccl_world() or nccl_borrow()); the '{}' communicator takes device buffers on the "
+        "host's timeline, so every bucket would make the host wait for the device (rank {})",
+        overlap_policy_name(config_.overlap), device_name(dev_.device()), dev_.world(), dev_.comm().backend_name(),
+        dev_.rank());
+}
+
+std::shared_ptr<comm::Ticket> OverlapEngine::submit(std::function<void()> work) {
+  if (runs_inline()) return comm::CommThread::run_here(work);
+  return thread_->submit(std::move(work));
+}
+
+int64_t OverlapEngine::bucket_length(int bucket) const {
+  return std::min(bucket_numel(), layout().buffer_numel - bucket_begin(bucket));
+}
+
+void* OverlapEngine::event_at(const std::vector<void*>& events, int index) {
+  return static_cast<std::size_t>(index) < events.size() ? events[static_cast<std::size_t>(index)] : nullptr;
+}
+
+// Created once per layout, so that steps create none.
+void OverlapEngine::ensure_events() {
+  if (!dev_.on_device() || !dev_.stream_ordered()) return;
+  const std::size_t n = static_cast<std::size_t>(num_buckets());
+  if (reduced_events_.size() == n) return;
+  destroy_events();
+  for (std::size_t b = 0; b < n; ++b) {
+    reduced_events_.push_back(dev_.create_event());
+    gathered_events_.push_back(dev_.create_event());
+  }
+}
+
+void OverlapEngine::destroy_events() noexcept {
+  for (std::vector<void*>* events : {&reduced_events_, &gathered_events_, &staging_events_}) {
+    for (void* e : *events) dev_.destroy_event(e);
+    events->clear();
+  }
 }
 
 // Per-bucket broadcasts need each rank's own parameter buffer; node-shared parameters sync
@@ -59,6 +105,8 @@ void OverlapEngine::check_can_open() const {
 }
 
 void OverlapEngine::open_round(const comm::Agreed& agreed, bool explicit_hand_over) {
+  const device::ScopedDevice scope(dev_.device());
+  ensure_events();
   if (learned_layout_ != shard_.layout_version()) {
     learned_.clear();
     learned_layout_ = shard_.layout_version();
@@ -67,8 +115,8 @@ void OverlapEngine::open_round(const comm::Agreed& agreed, bool explicit_hand_ov
   buckets_.assign(static_cast<std::size_t>(n), Bucket{});
   for (int b = 0; b < n; ++b) {
     Bucket& bucket = buckets_[static_cast<std::size_t>(b)];
-    bucket.begin = static_cast<int64_t>(b) * bucket_numel();
-    bucket.length = std::min(bucket_numel(), layout().buffer_numel - bucket.begin);
+    bucket.begin = bucket_begin(b);
+    bucket.length = bucket_length(b);
   }
   const std::vector<ParamRecord>& params = table_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -109,6 +157,7 @@ void OverlapEngine::validate_hand(ParamId id, const char* call) const {
 }
 
 void OverlapEngine::hand(ParamId id, const TensorRef& grad) {
+  const device::ScopedDevice scope(dev_.device());
   const ParamRecord& p = table_.param(id);
   SHARDOPT_CHECK(grad.numel == p.numel && grad.dtype == p.dtype && grad.device == p.device, invalid_argument,
                  "reduce_gradient(): the gradient of '{}' has {} elements ({}, {}); the parameter has {} ({}, {})",
@@ -126,23 +175,31 @@ void OverlapEngine::hand(ParamId id, const TensorRef& grad) {
 }
 
 void OverlapEngine::ready(ParamId id) {
+  const device::ScopedDevice scope(dev_.device());
   validate_hand(id, "grad_ready()");
   mark(static_cast<std::size_t>(id));
 }
 
-void OverlapEngine::hand_zeros() { complete_missing(/*zero_in_place=*/true); }
+void OverlapEngine::hand_zeros() {
+  const device::ScopedDevice scope(dev_.device());
+  complete_missing(/*zero_in_place=*/true);
+}
 
 // Hands every param not handed yet: zeros at stage 2; at stage 1 the gradient in place, zeroed
 // first with `zero_in_place`.
 void OverlapEngine::complete_missing(bool zero_in_place) {
   const std::vector<ParamRecord>& params = table_.params();
   int64_t largest = 0;
-  for (const ParamRecord& p : params) largest = std::max(largest, p.trainable ? p.numel : 0);
-  const core::FlatBuffer zeros = dev_.new_buffer(shard_.stage2() ? largest : 0, shard_.dtype());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].trainable && !handed_[i]) largest = std::max(largest, params[i].numel);
+  }
+  // Allocated once per layout (reset() drops it), and only once a param is missing: a rank in
+  // join() hands zeros every round, on a device without allocating.
+  if (shard_.stage2() && zeros_.numel() < largest) zeros_ = dev_.new_buffer(largest, shard_.dtype());
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].trainable || handed_[i]) continue;
     if (shard_.stage2()) {
-      copy_into_staging(i, zeros.raw());
+      copy_into_staging(i, zeros_.raw());
     } else if (zero_in_place) {
       dev_.zero_bytes(shard_.grad_ptr(i), span_bytes(params[i].numel, shard_.dtype()));
     }
@@ -189,11 +246,15 @@ int OverlapEngine::acquire_staging() {
   for (std::size_t i = 0; i < staging_busy_.size(); ++i) {
     if (!staging_busy_[i]) {
       staging_busy_[i] = true;
+      // On a device the host let the buffer go once its reduction was enqueued: the copies
+      // that refill it wait (on the device) for that reduction to have read it.
+      dev_.compute_waits(event_at(staging_events_, static_cast<int>(i)));
       return static_cast<int>(i);
     }
   }
   staging_.push_back(dev_.new_buffer(std::min(bucket_numel(), layout().buffer_numel), shard_.dtype()));
   staging_busy_.push_back(true);
+  if (dev_.on_device() && dev_.stream_ordered()) staging_events_.push_back(dev_.create_event());
   return static_cast<int>(staging_.size()) - 1;
 }
 
@@ -241,31 +302,41 @@ void OverlapEngine::issue(int bucket) {
   if (b.issued) return;
   b.issued = true;
   const ReduceOp op = dev_.gradient_average_op();
-  const int64_t begin = b.begin;
-  const int64_t length = b.length;
   // The buffer itself, not its place in staging_, which may grow while the thread reads it.
   const char* staged =
       b.slot >= 0 ? static_cast<const char*>(staging_[static_cast<std::size_t>(b.slot)].raw()) : nullptr;
+  void* staged_event = b.slot >= 0 ? event_at(staging_events_, b.slot) : nullptr;
   const bool has_trainable = b.trainable > 0;
-  std::shared_ptr<comm::Ticket> ticket = thread_->submit(
-      [this, begin, length, staged, has_trainable, op] { run_bucket(begin, length, staged, has_trainable, op); });
+  std::shared_ptr<comm::Ticket> ticket = submit([this, bucket, staged, staged_event, has_trainable, op] {
+    run_bucket(bucket, staged, staged_event, has_trainable, op);
+  });
   reductions_[static_cast<std::size_t>(bucket)] = ticket;
   if (per_bucket()) gathers_[static_cast<std::size_t>(bucket)] = ticket;
 }
 
-// On the communication thread: the bucket's reduction (the plain path's collectives and
-// average), and with per_bucket its update and all-gather.
-void OverlapEngine::run_bucket(int64_t begin, int64_t length, const char* staged, bool has_trainable, ReduceOp op) {
+// On the communication thread, or on a device where the caller is: the bucket's reduction (the
+// plain path's collectives and average), and with per_bucket its update and all-gather.
+void OverlapEngine::run_bucket(int bucket, const char* staged, void* staged_event, bool has_trainable, ReduceOp op) {
   const DType dt = shard_.dtype();
+  const int64_t begin = bucket_begin(bucket);
+  const int64_t length = bucket_length(bucket);
   const partition::RankShard& own = shard_.own_shard();
   const int64_t own_lo = std::max(begin, own.offset);
   const int64_t own_hi = std::min(begin + length, own.offset + own.numel);
+  void* reduced = event_at(reduced_events_, bucket);
+  // The compute stream waits for the reduction only where it reads the result: here when it
+  // divides the sum (Join) or updates the bucket (per_bucket); otherwise settle_round waits.
+  const bool compute_reads = per_bucket() || dev_.gradient_average_divides();
   if (!shard_.stage2()) {
     if (dev_.world() > 1) {
-      dev_.comm().all_reduce(shard_.flat_grads().at(begin), length, dt, op);
+      dev_.settle_before_collective();  // the gradients written on the compute stream
+      pending_.push_back(dev_.comm().all_reduce_async(shard_.flat_grads().at(begin), length, dt, op));
+      dev_.record_collectives(pending_, reduced);
+      if (compute_reads) dev_.compute_waits(reduced);
       dev_.finish_gradient_average(shard_.flat_grads().at(begin), length, dt);
     }
   } else if (has_trainable) {
+    dev_.settle_before_collective();  // the staging copies on the compute stream
     for (int r = 0; r < dev_.world(); ++r) {
       const partition::RankShard& shard = layout().shards[static_cast<std::size_t>(r)];
       const int64_t lo = std::max(begin, shard.offset);
@@ -275,25 +346,35 @@ void OverlapEngine::run_bucket(int64_t begin, int64_t length, const char* staged
       if (dev_.world() == 1) {
         dev_.copy_bytes(into, element(staged, lo - begin, dt), span_bytes(hi - lo, dt));
       } else {
-        dev_.comm().reduce(element(staged, lo - begin, dt), into, hi - lo, dt, op, r);
+        pending_.push_back(dev_.comm().reduce_async(element(staged, lo - begin, dt), into, hi - lo, dt, op, r));
       }
     }
+    dev_.record_collectives(pending_, reduced);
+    if (staged_event != nullptr) dev_.record_collectives(pending_, staged_event);  // (none left: only the event)
+    if (compute_reads) dev_.compute_waits(reduced);
     if (own_lo < own_hi) dev_.finish_gradient_average(shard_.shard_grads().at(own_lo - own.offset), own_hi - own_lo, dt);
   }
   if (!per_bucket()) return;
   if (own_lo < own_hi) step_.update_part(own_lo - own.offset, own_hi - own.offset);
-  if (gathers_per_bucket()) gather_bucket(begin, length);
+  if (gathers_per_bucket()) gather_bucket(bucket);
 }
 
-// Every rank's piece of positions [begin, begin + length), broadcast from its owner.
-void OverlapEngine::gather_bucket(int64_t begin, int64_t length) {
+// Every rank's piece of the bucket's positions, broadcast from its owner (one group).
+void OverlapEngine::gather_bucket(int bucket) {
   const DType dt = shard_.dtype();
+  const int64_t begin = bucket_begin(bucket);
+  const int64_t length = bucket_length(bucket);
+  parts_.clear();
   for (int r = 0; r < dev_.world(); ++r) {
     const partition::RankShard& shard = layout().shards[static_cast<std::size_t>(r)];
     const int64_t lo = std::max(begin, shard.offset);
     const int64_t hi = std::min(begin + length, shard.offset + shard.numel);
-    if (lo < hi) dev_.comm().broadcast(shard_.flat_params().at(lo), hi - lo, dt, r);
+    if (lo < hi) parts_.push_back(BroadcastPart{shard_.flat_params().at(lo), hi - lo, r});
   }
+  if (parts_.empty()) return;
+  dev_.settle_before_collective();  // the update on the compute stream
+  pending_.push_back(dev_.comm().broadcast_group_async(parts_.data(), parts_.size(), dt));
+  dev_.record_collectives(pending_, event_at(gathered_events_, bucket));
 }
 
 std::vector<int> OverlapEngine::forward_order() const {
@@ -313,14 +394,13 @@ void OverlapEngine::update_and_gather(const std::function<void(int64_t, int64_t)
     std::vector<std::shared_ptr<comm::Ticket>> pending = reductions_;
     reductions_.clear();
     wait_tickets(pending);
+    if (gathers_per_bucket()) return;  // each bucket was gathered after its update
   } else {
     update(0, shard_.own_shard().numel);
     if (gathers_per_bucket()) {
       gathers_.assign(static_cast<std::size_t>(num_buckets()), nullptr);
       for (int b : forward_order()) {
-        const int64_t begin = static_cast<int64_t>(b) * bucket_numel();
-        const int64_t length = std::min(bucket_numel(), layout().buffer_numel - begin);
-        gathers_[static_cast<std::size_t>(b)] = thread_->submit([this, begin, length] { gather_bucket(begin, length); });
+        gathers_[static_cast<std::size_t>(b)] = submit([this, b] { gather_bucket(b); });
       }
       return;
     }
@@ -343,6 +423,7 @@ void OverlapEngine::wait_tickets(std::vector<std::shared_ptr<comm::Ticket>>& tic
 }
 
 OverlapEngine::RoundEnd OverlapEngine::close_hand_over() {
+  const device::ScopedDevice scope(dev_.device());
   RoundEnd end;
   const std::vector<ParamRecord>& params = table_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -365,6 +446,7 @@ OverlapEngine::RoundEnd OverlapEngine::close_hand_over() {
 }
 
 void OverlapEngine::settle_round() {
+  const device::ScopedDevice scope(dev_.device());
   if (deferred_) {
     // A rank in join() follows the active ranks' calls one agreement behind: every rank
     // issues this round's buckets after the order check, in position order.
@@ -383,6 +465,8 @@ void OverlapEngine::settle_round() {
   } else {
     std::vector<std::shared_ptr<comm::Ticket>> pending = reductions_;
     wait_tickets(pending);
+    // On a device: the statistics, clipping and update that follow read the averages.
+    dev_.compute_waits_for_collectives();
   }
   end_round();
 }
@@ -416,7 +500,11 @@ void OverlapEngine::wait_bucket(int bucket) {
                  "wait_bucket: bucket {} is out of range (this layout has {} buckets)", bucket, num_buckets());
   if (!enabled() || static_cast<std::size_t>(bucket) >= gathers_.size()) return;
   const std::shared_ptr<comm::Ticket> ticket = gathers_[static_cast<std::size_t>(bucket)];
-  if (ticket) ticket->wait();
+  if (!ticket) return;
+  ticket->wait();
+  if (!gathers_per_bucket()) return;  // (then step() synced the parameters)
+  const device::ScopedDevice scope(dev_.device());
+  dev_.compute_waits(event_at(gathered_events_, bucket));
 }
 
 void OverlapEngine::wait_param(ParamId id) {
@@ -430,8 +518,10 @@ void OverlapEngine::wait_param(ParamId id) {
 
 void OverlapEngine::wait_all() {
   if (!enabled()) return;
-  thread_->drain();
+  if (thread_) thread_->drain();
   wait_tickets(gathers_);
+  const device::ScopedDevice scope(dev_.device());
+  dev_.compute_waits_for_collectives();
 }
 
 void OverlapEngine::reset() {
@@ -443,6 +533,8 @@ void OverlapEngine::reset() {
   learned_.clear();
   staging_.clear();
   staging_busy_.clear();
+  zeros_ = core::FlatBuffer();
+  destroy_events();
 }
 
 }  // namespace optim

@@ -1,14 +1,29 @@
-// src/optim/overlap.hpp — the overlap engine: gradients handed over as backward produces them, each bucket reduced on the communication thread once complete, the update per bucket or after backward, the all-gathers in forward order, waited for per parameter.
+// src/optim/overlap.hpp — the overlap engine: gradients handed over as backward produces them, each bucket reduced once complete (on the communication thread, or on the communication stream), the update per bucket or after backward, the all-gathers in forward order, waited for per parameter.
 //
-// With config.overlap every communicator call of the optimizer runs on one communication
-// thread (comm/comm_thread.hpp), in the order issued, so the collectives of all ranks match
-// when the ranks issue them in the same order. The engine makes sure they do: the first round
-// issues nothing before reduce_gradients() has the ranks agree on the order in which they
-// completed the buckets; that order is kept, and later rounds issue a bucket as soon as it and
-// every bucket before it in that order are complete. While a rank is in join() the buckets are
-// issued at the end of the round in position order instead (the joined rank hands zeros in
-// its own order). Buckets are the layout's positions cut every bucket_elements: the same
-// collectives, with the same counts, as the plain reduction, hence the same bits.
+// The collectives of all ranks match when the ranks issue them in the same order. The engine
+// makes sure they do: the first round issues nothing before reduce_gradients() has the ranks
+// agree on the order in which they completed the buckets; that order is kept, and later rounds
+// issue a bucket as soon as it and every bucket before it in that order are complete. While a
+// rank is in join() the buckets are issued at the end of the round in position order instead
+// (the joined rank hands zeros in its own order). Buckets are the layout's positions cut every
+// bucket_elements: the same collectives, with the same counts, as the plain reduction, hence
+// the same bits.
+//
+// Where the work runs:
+//  - CPU parameters: every communicator call of the optimizer runs on one communication thread
+//    (comm/comm_thread.hpp), in the order issued, because MPI progresses a collective only
+//    inside an MPI call; the engine queues each bucket's work there.
+//  - CUDA parameters over a stream-ordered communicator (NCCL): the engine's work only enqueues
+//    (collectives on the communication stream, copies and updates on the compute stream), so it
+//    runs on the caller's thread, in the caller's order, and the device overlaps it with the
+//    trainer's kernels. Events created once per layout order the streams per bucket: each
+//    bucket's reduction and gather are recorded on the communication stream; the compute stream
+//    waits for a reduction only where it uses the result (the average's division, per_bucket's
+//    update, a staging buffer's reuse, after_backward's update), and wait_param(id) makes it
+//    wait for the gathers of id's buckets: the host never waits.
+//  - CUDA parameters over a host communicator: one rank (no collective to overlap) as above;
+//    several ranks (a CUDA-aware MPI, whose collectives would make the host wait for the compute
+//    stream at every bucket) are refused by check_device_path().
 #pragma once
 
 #include <memory>
@@ -26,7 +41,9 @@ namespace optim {
 
 // The communicator an optimizer with `config` uses: with config.overlap, `comm` serialised on a
 // new communication thread, unless the communicator cannot be called from another thread
-// (then `comm` itself, and `refused` says why: the constructor's agreement raises it).
+// (then `comm` itself, and `refused` says why: the constructor's agreement raises it), or it
+// runs its collectives on a CUDA stream (then `comm` itself, and no thread: enqueueing does not
+// wait for the collective).
 struct OverlapComm {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<comm::CommThread> thread;
@@ -36,7 +53,8 @@ OverlapComm overlap_communicator(std::shared_ptr<Communicator> comm, const Optim
 
 class OverlapEngine {
  public:
-  // Sets `step`'s update driver when `thread` is not null (overlap enabled).
+  // Sets `step`'s update driver when config.overlap is not off. `thread`: the communication
+  // thread (null over a stream-ordered communicator).
   OverlapEngine(std::shared_ptr<comm::CommThread> thread, const DeviceContext& dev, const OptimizerConfig& config,
                 const ParamTable& table, ShardState& shard, ParamSync& sync, Step& step);
   // Waits for the queued work: it reads and writes the buffers destroyed after this.
@@ -44,7 +62,10 @@ class OverlapEngine {
   OverlapEngine(const OverlapEngine&) = delete;
   OverlapEngine& operator=(const OverlapEngine&) = delete;
 
-  bool enabled() const { return thread_ != nullptr; }
+  bool enabled() const { return config_.overlap != OverlapPolicy::off; }
+  // After the parameters' device is adopted: Error(unsupported) where this device path cannot
+  // overlap (CUDA parameters over several ranks of a host communicator).
+  void check_device_path() const;
   bool per_bucket() const { return config_.overlap == OverlapPolicy::per_bucket; }
   bool round_open() const { return open_; }
   // Inside a round's opening agreement: per_bucket needs step() between two rounds.
@@ -75,6 +96,8 @@ class OverlapEngine {
 
   int num_buckets() const;
   int64_t staging_bytes() const;  // stage 2: the buckets assembled for reduction
+  // The host waits for the bucket's queued work; on a device the compute stream (not the host)
+  // waits for its gather, so that work enqueued on it afterwards reads the new values.
   void wait_bucket(int bucket);
   void wait_param(ParamId id);
   void wait_all();
@@ -93,6 +116,15 @@ class OverlapEngine {
 
   const partition::Layout& layout() const { return shard_.layout(); }
   int64_t bucket_numel() const { return bucket_elements(config_, shard_.dtype()); }
+  int64_t bucket_begin(int bucket) const { return static_cast<int64_t>(bucket) * bucket_numel(); }
+  int64_t bucket_length(int bucket) const;
+  // On a device the work runs here, now (it only enqueues); on the CPU, on the thread.
+  bool runs_inline() const { return thread_ == nullptr || dev_.on_device(); }
+  std::shared_ptr<comm::Ticket> submit(std::function<void()> work);
+  // Stream-ordered device path: the per-bucket events exist for this layout.
+  void ensure_events();
+  void destroy_events() noexcept;
+  static void* event_at(const std::vector<void*>& events, int index);
   bool gathers_per_bucket() const;
   void validate_hand(ParamId id, const char* call) const;
   void mark(std::size_t param);
@@ -101,9 +133,9 @@ class OverlapEngine {
   void reclaim_staging(bool wait_for_one);
   void try_issue();
   void issue(int bucket);
-  void run_bucket(int64_t begin, int64_t length, const char* staged, bool has_trainable, ReduceOp op);
+  void run_bucket(int bucket, const char* staged, void* staged_event, bool has_trainable, ReduceOp op);
   void complete_missing(bool zero_in_place);
-  void gather_bucket(int64_t begin, int64_t length);
+  void gather_bucket(int bucket);
   void update_and_gather(const std::function<void(int64_t, int64_t)>& update);
   std::vector<int> forward_order() const;
   void wait_tickets(std::vector<std::shared_ptr<comm::Ticket>>& tickets);
@@ -134,6 +166,16 @@ class OverlapEngine {
   std::vector<std::shared_ptr<comm::Ticket>> gathers_;  // per bucket, the last step's
   std::vector<core::FlatBuffer> staging_;
   std::vector<bool> staging_busy_;
+  core::FlatBuffer zeros_;  // stage 2: the gradient of a param never handed, kept until reset()
+  // Reused by each bucket's collectives (only one thread runs them).
+  std::vector<std::unique_ptr<PendingCollective>> pending_;
+  std::vector<BroadcastPart> parts_;
+
+  // Stream-ordered device path: per bucket, recorded on the communication stream behind its
+  // reduction and behind its gather; per staging buffer, behind the reduction that read it.
+  std::vector<void*> reduced_events_;
+  std::vector<void*> gathered_events_;
+  std::vector<void*> staging_events_;
 };
 
 }  // namespace optim

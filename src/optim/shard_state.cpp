@@ -242,7 +242,7 @@ void ShardState::seed_masters(const std::vector<bool>& params_to_seed) {
     if (s.length == 0 || !params_to_seed[static_cast<std::size_t>(s.param)]) continue;
     const char* values = element(param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dtype());
     if (dev_.on_device()) {
-      widen_device(values, dtype(), master + s.shard_offset, s.length, dev_.stream());
+      dev_.ops().widen(values, dtype(), master + s.shard_offset, s.length, dev_.stream());
     } else {
       kernels::widen_cpu(values, dtype(), master + s.shard_offset, s.length, config_.cpu_threads);
     }
@@ -264,7 +264,7 @@ void ShardState::set_param_values_f32(std::size_t i, int64_t offset, int64_t n, 
   if (dev_.on_device()) {
     // Device to device, on the optimizer's stream: later steps see the values in order.
     if (dtype() != DType::f32) {
-      narrow_device(values, at, dtype(), n, dev_.stream());
+      dev_.ops().narrow(values, at, dtype(), n, dev_.stream());
     } else {
       dev_.copy_bytes(at, values, span_bytes(n, dtype()));
     }

@@ -69,9 +69,7 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
     const std::string comm_label = fmt::format("the {} communicator", im.dev.comm().backend_name());
     added = im.table.prepare(specs, im.config, im.dev.comm().device(), comm_label, im.dev.rank());
     im.dev.adopt(added.choice.device);
-    SHARDOPT_CHECK(!im.overlap.enabled() || !added.choice.device.is_cuda(), unsupported,
-                   "config.overlap = {} is available for CPU parameters only; these are on {}",
-                   overlap_policy_name(im.config.overlap), device_name(added.choice.device));
+    im.overlap.check_device_path();
     // Sizes the layout cannot hold, or buffers this machine cannot, fail every rank here.
     const optim::MemoryBudget budget =
         optim::registration_budget(im.config, im.table, added, im.dev.rank(), im.dev.world());

@@ -32,7 +32,8 @@ struct ZeroOptimizer::Impl {
         overlap(comm_thread, dev, config, table, shard, sync, step) {}
 
   OptimizerConfig config;
-  // config.overlap: the thread every communicator call runs on (null when off), or why the
+  // config.overlap: the thread every communicator call runs on (null when off, and over a
+  // communicator that runs on a CUDA stream, which needs none), or why the
   // communicator could not be used from it (the constructor's agreement raises it).
   std::shared_ptr<comm::CommThread> comm_thread;
   std::optional<Error> overlap_refused;

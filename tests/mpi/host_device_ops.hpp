@@ -84,6 +84,14 @@ class HostDeviceOps final : public shardopt::optim::DeviceOps {
     ++counts_->launches;
     shardopt::kernels::divide_cpu(x, dtype, n, divisor, 1);
   }
+  void widen(const void* src, shardopt::DType dtype, float* dst, int64_t n, void*) override {
+    ++counts_->launches;
+    shardopt::kernels::widen_cpu(src, dtype, dst, n, 1);
+  }
+  void narrow(const float* src, void* dst, shardopt::DType dtype, int64_t n, void*) override {
+    ++counts_->launches;
+    shardopt::kernels::narrow_cpu(src, dst, dtype, n, 1);
+  }
 
  private:
   static void* token(int64_t n) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(n) * 64); }
