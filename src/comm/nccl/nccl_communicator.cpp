@@ -32,12 +32,16 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   raise(ErrorCode::invalid_argument, "nccl: unknown reduce op {}", static_cast<int>(op));
 }
 
-// The NCCL operation for reducing `dtype` with `op` in collective `name`; byte has no arithmetic.
-ncclRedOp_t nccl_reduction(DType dtype, ReduceOp op, const char* name) {
+// The NCCL operation for reducing `dtype` with `op` in collective `name` over `ranks` ranks;
+// byte has no arithmetic. Over one rank avg and sum both give each value itself, bit for bit,
+// and one rank sums: NCCL 2.28.9's one-rank avg (a pre-multiplied sum) left the last 3 elements
+// of out-of-place buffers of 2^18 + 3 elements and more unwritten on an H100, where sum copies.
+ncclRedOp_t nccl_reduction(DType dtype, ReduceOp op, int ranks, const char* name) {
   SHARDOPT_CHECK(dtype != DType::byte, unsupported,
                  "{} over nccl cannot reduce dtype byte: byte is raw bytes that collectives move "
                  "(broadcast, all_gather) without arithmetic; reductions take f32, bf16 and f16",
                  name);
+  if (ranks == 1 && op == ReduceOp::avg) return ncclSum;
   return nccl_op(op);
 }
 
@@ -147,7 +151,7 @@ class NcclCommunicator final : public Communicator {
     check_count(count, name);
     if (count > 0) check_device_buffer(buffer, name, "buffer");
     const ncclDataType_t type = nccl_type(dtype);
-    const ncclRedOp_t reduction = nccl_reduction(dtype, op, name);
+    const ncclRedOp_t reduction = nccl_reduction(dtype, op, state_->size, name);
     return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(buffer, buffer, static_cast<size_t>(count), type, reduction, comm,
                            stream);
@@ -164,7 +168,7 @@ class NcclCommunicator final : public Communicator {
       check_device_buffer(recv, name, "recv");
     }
     const ncclDataType_t type = nccl_type(dtype);
-    const ncclRedOp_t reduction = nccl_reduction(dtype, op, name);
+    const ncclRedOp_t reduction = nccl_reduction(dtype, op, state_->size, name);
     return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduceScatter(send, recv, static_cast<size_t>(count), type, reduction, comm,
                                stream);
@@ -186,7 +190,7 @@ class NcclCommunicator final : public Communicator {
       if (is_root) check_device_buffer(recv, name, "recv");
     }
     const ncclDataType_t type = nccl_type(dtype);
-    const ncclRedOp_t reduction = nccl_reduction(dtype, op, name);
+    const ncclRedOp_t reduction = nccl_reduction(dtype, op, state_->size, name);
     void* target = is_root ? recv : nullptr;
     return issue(name, count, [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclReduce(send, target, static_cast<size_t>(count), type, reduction, root, comm,
