@@ -1,14 +1,16 @@
 // tests/mpi/late_peer_watchdog_test.cpp — collectives on shardopt's internal buffers that a peer joins only after the timeout: Error(timeout) on the caller, and the late peer's data lands in memory that is still allocated.
 //
-// Rank 1 runs over a communicator that, once armed, sleeps past rank 0's timeout before one
-// chosen collective, then joins it and leaves the call (LeftLate). Rank 0's collective times out
-// and stays live in MPI; rank 1's data reaches rank 0's receive buffer only when rank 0 next
-// progresses MPI, at exit, long after the call returned and freed what it allocated. That
-// buffer must still be allocated then, which the AddressSanitizer build checks. One case per
-// run (argv[1]): the communicator is poisoned after it.
+// The late rank runs over a communicator that, once armed, sleeps past the other rank's
+// timeout before one chosen collective, then joins it and leaves the call (LeftLate). The other
+// rank's collective times out and stays live in MPI; the late rank's data reaches its receive
+// buffer only when it next progresses MPI, at exit, long after the call returned and freed what
+// it allocated. That buffer must still be allocated then, which the AddressSanitizer build
+// checks. One case per run (argv[1]): the communicator is poisoned after it.
 //   consolidate: a consolidation chunk, received into the checkpoint staging slot;
 //   averager:    ModelAverager's gather of the replica leaders (a stack value and a vector);
-//   average:     average_parameters' bucket of two parameters, staged through a copy.
+//   average:     average_parameters' bucket of two parameters, staged through a copy;
+//   mismatch:    the agreement's follow-up after ranks disagree (rank 0's field hashes);
+//   join:        the ids of the params sitting a step out, sent to a rank in join().
 // A plain program at exactly 2 ranks, as watchdog_test.
 #include <chrono>
 #include <cstdio>
@@ -136,31 +138,32 @@ class LatePeerCommunicator final : public Communicator {
   std::shared_ptr<Lateness> lateness_;
 };
 
-// Rank 0: `call` raises Error(timeout) naming every string of `parts`. Rank 1 (armed): `call`
-// reaches the collective it is late for, joins it and leaves.
+// The other rank: `call` raises Error(timeout) naming every string of `parts`. Rank `late`
+// (armed): `call` reaches the collective it is late for, joins it and leaves.
 template <typename Call>
-void run_case(Communicator& world, Lateness& lateness, const Trigger& trigger, const std::vector<std::string>& parts,
-              const Call& call) {
-  if (world.rank() == 0) {
+void run_case(Communicator& world, Lateness& lateness, int late, const Trigger& trigger,
+              const std::vector<std::string>& parts, const Call& call) {
+  const std::string me = "rank " + std::to_string(world.rank());
+  if (world.rank() != late) {
     try {
       call();
-      expect(false, "rank 0: the call returned although rank 1 was late");
+      expect(false, me + ": the call returned although rank " + std::to_string(late) + " was late");
     } catch (const shardopt::Error& e) {
       bool named = e.code() == shardopt::ErrorCode::timeout;
       for (const std::string& part : parts) named = named && contains(e.what(), part);
-      expect(named, std::string("rank 0: unexpected error: ") + e.what());
-      std::printf("rank 0: %s\n", e.what());
+      expect(named, me + ": unexpected error: " + e.what());
+      std::printf("%s: %s\n", me.c_str(), e.what());
     }
     return;
   }
   lateness.armed = trigger;
   try {
     call();
-    expect(false, "rank 1: the call returned without the collective it was to be late for");
+    expect(false, me + ": the call returned without the collective it was to be late for");
   } catch (const LeftLate&) {
-    expect(lateness.fired, "rank 1: left without joining");
+    expect(lateness.fired, me + ": left without joining");
   } catch (const shardopt::Error& e) {
-    expect(false, std::string("rank 1: unexpected error: ") + e.what());
+    expect(false, me + ": unexpected error: " + e.what());
   }
 }
 
@@ -188,7 +191,7 @@ void consolidate_case(const std::shared_ptr<Communicator>& world, Lateness& late
   opt.reduce_gradients();
   opt.step();  // Adam's state now exists on both ranks' shards
   run_case(
-      *world, lateness, [](const std::string& op, int64_t bytes) { return is(op, "broadcast") && bytes > 8; },
+      *world, lateness, 1, [](const std::string& op, int64_t bytes) { return is(op, "broadcast") && bytes > 8; },
       {"consolidate_state_dict", "broadcast", "did not complete within 2 s"}, [&] { opt.consolidate_state_dict(0); });
 }
 
@@ -202,7 +205,7 @@ void averager_case(const std::shared_ptr<Communicator>& world, Lateness& latenes
   config.node_shared_params = false;
   shardopt::ZeroOptimizer opt(world->split(world->rank(), 0), config, {group});
   run_case(
-      *world, lateness, [](const std::string& op, int64_t bytes) { return is(op, "all_gather") && bytes == 4; },
+      *world, lateness, 1, [](const std::string& op, int64_t bytes) { return is(op, "all_gather") && bytes == 4; },
       {"all_gather", "did not complete within 2 s"},
       [&] { shardopt::ModelAverager averager(world, opt, shardopt::periodic_averager(2)); });
 }
@@ -224,8 +227,40 @@ void average_case(const std::shared_ptr<Communicator>& world, Lateness& lateness
   shardopt::ModelAverager averager(world, opt, shardopt::periodic_averager(2));
   expect(averager.next_group_size() == 2, "step 0 averages over both ranks");
   run_case(
-      *world, lateness, [](const std::string& op, int64_t) { return is(op, "all_reduce"); },
+      *world, lateness, 1, [](const std::string& op, int64_t) { return is(op, "all_reduce"); },
       {"all_reduce", "did not complete within 2 s"}, [&] { averager.average_parameters(); });
+}
+
+// The ranks' learning rates differ: step()'s agreement finds it in round 1, then rank 1 receives
+// rank 0's per-field hashes, which rank 0 sends late.
+void mismatch_case(const std::shared_ptr<Communicator>& world, Lateness& lateness) {
+  std::vector<float> values(64, 0.5f);
+  shardopt::ParamGroupSpec group;
+  group.params.push_back(param("w", values));
+  shardopt::OptimizerConfig config;
+  config.node_shared_params = false;
+  shardopt::ZeroOptimizer opt(world, config, {group});
+  opt.hyperparams(0).lr = world->rank() == 0 ? 0.01 : 0.02;
+  run_case(
+      *world, lateness, 0, [](const std::string& op, int64_t) { return is(op, "broadcast"); },
+      {"step", "broadcast", "did not complete within 2 s"}, [&] { opt.step(); });
+}
+
+// Rank 0 steps with param 1 sitting out while rank 1 is in join(): rank 1 learns the ids from
+// rank 0, which sends them late.
+void join_case(const std::shared_ptr<Communicator>& world, Lateness& lateness) {
+  std::vector<float> a(64, 0.5f);
+  std::vector<float> b(64, 0.25f);
+  shardopt::ParamGroupSpec group;
+  group.params.push_back(param("a", a));
+  group.params.push_back(param("b", b));
+  shardopt::OptimizerConfig config;
+  config.node_shared_params = false;
+  shardopt::ZeroOptimizer opt(world, config, {group});
+  run_case(
+      *world, lateness, 0, [](const std::string& op, int64_t bytes) { return is(op, "broadcast") && bytes == 4; },
+      {"join", "broadcast", "did not complete within 2 s"},
+      [&] { world->rank() == 0 ? opt.step(std::vector<shardopt::ParamId>{1}) : opt.join(); });
 }
 
 }  // namespace
@@ -235,7 +270,7 @@ int main(int argc, char** argv) {
   options.timeout_seconds = kTimeout;
   auto mpi = shardopt::mpi_world(options);
   if (mpi->size() != 2 || argc != 2) {
-    std::fprintf(stderr, "usage: mpiexec -n 2 %s consolidate|averager|average\n", argv[0]);
+    std::fprintf(stderr, "usage: mpiexec -n 2 %s consolidate|averager|average|mismatch|join\n", argv[0]);
     return 1;
   }
   const std::string which = argv[1];
@@ -247,6 +282,10 @@ int main(int argc, char** argv) {
     averager_case(world, *lateness);
   } else if (which == "average") {
     average_case(world, *lateness);
+  } else if (which == "mismatch") {
+    mismatch_case(world, *lateness);
+  } else if (which == "join") {
+    join_case(world, *lateness);
   } else {
     std::fprintf(stderr, "unknown case '%s'\n", which.c_str());
     return 1;
