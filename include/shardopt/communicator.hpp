@@ -36,12 +36,13 @@ struct CommOptions {
   // watchdog (as does +inf); NaN and negative values are refused (Error(invalid_argument))
   // when the communicator is created.
   // Over MPI, the memory of a collective that timed out stays in MPI's hands until the late
-  // peer joins it or MPI is finalised. shardopt keeps its flat buffers (an optimizer's
-  // gradients, parameters and staging) allocated until then, even after their owner is
-  // destroyed. Buffers you passed to a collective yourself (a Communicator call, the C ABI's
-  // collectives) you must keep allocated until MPI_Finalize has returned (with
-  // mpi_world, which finalises MPI at exit: until the process exits), or MPI may write into
-  // freed memory.
+  // peer joins it or MPI is finalised. shardopt keeps its own buffers (an optimizer's
+  // gradients, parameters and staging, agreement records, checkpoint staging slots, averaging
+  // buckets) allocated until then, even after their owner is destroyed. Buffers you passed to a
+  // collective yourself (a Communicator call, the C ABI's collectives) or registered as
+  // Storage::external (averaging reduces them in place) you must keep allocated until
+  // MPI_Finalize has returned (with mpi_world, which finalises MPI at exit: until the process
+  // exits), or MPI may write into freed memory.
   // Where shardopt initialised MPI it also finalises it at exit, and this bounds that too:
   // when the peers do not all reach exit within the longest timeout in use (one died or was
   // cut off), the process ends without MPI_Finalize, which would wait for it forever.

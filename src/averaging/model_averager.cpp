@@ -5,6 +5,7 @@
 #include "averaging/model_averager_impl.hpp"
 #include "averaging/shard_values.hpp"
 #include "comm/agreement.hpp"
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
 
@@ -79,10 +80,10 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
   record.set_payload(1, static_cast<uint64_t>(replica.rank()));
   const std::vector<comm::Payload> payloads = comm::agree(*world, record);
   // The world rank of the replica's first rank identifies the replica.
+  // (Through heap memory of their own: a collective that times out may write it later.)
   int32_t leader = world->rank();
-  replica.broadcast(&leader, sizeof leader, DType::byte, 0);
-  std::vector<int32_t> leaders(static_cast<std::size_t>(world->size()));
-  world->all_gather(&leader, leaders.data(), sizeof leader, DType::byte);
+  comm::broadcast_record(replica, leader, 0);
+  const std::vector<int32_t> leaders = comm::all_gather_records(*world, leader);
   std::vector<averaging::RankPlace> places;
   for (std::size_t r = 0; r < payloads.size(); ++r) {
     places.push_back(averaging::RankPlace{static_cast<int>(payloads[r][0]), static_cast<int>(payloads[r][1]),

@@ -7,6 +7,7 @@
 #include "averaging/post_local_sgd_impl.hpp"
 #include "averaging/shard_values.hpp"
 #include "comm/agreement.hpp"
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
@@ -81,9 +82,13 @@ void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
   std::vector<char>& copy = im.hand_copy;
   copy.resize(grad.nbytes());
   std::memcpy(copy.data(), grad.data, copy.size());
-  im.avg().counts.gradient_bytes += averaging::all_reduce_spans(
-      *peers, {averaging::HostSpan{copy.data(), grad.numel}}, grad.dtype,
-      std::max<int64_t>(16, opt.config.bucket_bytes / im.element_bytes()), ReduceOp::avg);
+  // Reduced in place, so a failed all-reduce hands the copy to the abandoned-memory registry
+  // (the next call starts a new one).
+  im.avg().counts.gradient_bytes += comm::run_keeping_on_failure(copy, [&] {
+    return averaging::all_reduce_spans(*peers, {averaging::HostSpan{copy.data(), grad.numel}}, grad.dtype,
+                                       std::max<int64_t>(16, opt.config.bucket_bytes / im.element_bytes()),
+                                       ReduceOp::avg);
+  });
   im.optimizer.reduce_gradient(id, TensorRef{copy.data(), grad.numel, grad.dtype, grad.device});
 }
 

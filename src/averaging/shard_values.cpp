@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/raw_collectives.hpp"
 #include "cpu/update_cpu.hpp"
 
 namespace shardopt {
@@ -94,7 +95,9 @@ int64_t all_reduce_spans(Communicator& comm, std::vector<HostSpan> spans, DType 
       }
     }
     if (prepare) prepare(bucket, filled);
-    comm.all_reduce(bucket, filled, dtype, op);
+    // On failure the staging goes to the abandoned-memory registry: the all-reduce may still
+    // write it. (A span reduced in place is the caller's to keep.)
+    comm::run_keeping_on_failure(staging, [&] { comm.all_reduce(bucket, filled, dtype, op); });
     handed += filled * static_cast<int64_t>(esize);
     if (pieces.size() > 1) {
       std::size_t pos = 0;

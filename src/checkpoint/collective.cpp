@@ -27,12 +27,15 @@ std::vector<Outcome> agree_on_outcomes(Communicator& comm, const Outcome& mine, 
 }
 
 std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
-  char buffer[256] = {};
-  SHARDOPT_CHECK(text.size() < sizeof(buffer), internal, "broadcast_string: '{}' is too long", text);
-  std::memcpy(buffer, text.data(), text.size());
-  comm::broadcast_bytes(comm, buffer, sizeof(buffer), root);
-  buffer[sizeof(buffer) - 1] = '\0';
-  return std::string(buffer);
+  struct Text {
+    char bytes[256];
+  };
+  Text buffer = {};
+  SHARDOPT_CHECK(text.size() < sizeof(buffer.bytes), internal, "broadcast_string: '{}' is too long", text);
+  std::memcpy(buffer.bytes, text.data(), text.size());
+  comm::broadcast_record(comm, buffer, root);  // through memory of its own, not this stack frame
+  buffer.bytes[sizeof(buffer.bytes) - 1] = '\0';
+  return std::string(buffer.bytes);
 }
 
 }  // namespace checkpoint

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/abandoned_memory.hpp"
 #include "core/check.hpp"
 
 namespace shardopt {
@@ -68,6 +69,8 @@ class HostCopyEngine final : public CopyEngine {
     }
     count_allocation(memory_.size() * 64);
   }
+  // The slots receive consolidation's broadcasts: one that timed out may still write them.
+  ~HostCopyEngine() override { core::free_when_untouched(std::move(memory_)); }
   char* slot(int slot_index) override {
     return reinterpret_cast<char*>(memory_.data()) + static_cast<std::size_t>(slot_index) * slot_stride(slot_bytes());
   }

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "checkpoint/copy_engine.hpp"
+#include "core/abandoned_memory.hpp"
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 
@@ -78,7 +79,11 @@ class CudaCopyEngine final : public CopyEngine {
   }
   void free_all() noexcept {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    if (pinned_ != nullptr) cudaFreeHost(pinned_);
+    if (pinned_ != nullptr) {
+      // The slots receive consolidation's broadcasts: one that timed out may still write them.
+      core::AbandonedMemory::process().free_or_defer(pinned_, kSlots * slot_stride(slot_bytes()),
+                                                     [pinned = pinned_] { cudaFreeHost(pinned); });
+    }
     for (cudaEvent_t& e : events_) {
       if (e != nullptr) cudaEventDestroy(e);
       e = nullptr;

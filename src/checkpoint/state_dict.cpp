@@ -135,7 +135,7 @@ std::optional<StateDict> gather_state_dict(const OptimizerParts& parts, int to) 
     uint64_t expected = 0;
     for (const StagedRegion& region : regions) expected += static_cast<uint64_t>(region.count) * sizeof(float);
     uint64_t length = expected;
-    comm::broadcast_bytes(comm, &length, sizeof(length), r);
+    comm::broadcast_record(comm, length, r);  // not from the stack: a timed-out broadcast may write it later
     SHARDOPT_CHECK(length == expected, internal,
                    "consolidate_state_dict: rank {} sent {} bytes of state, its shard in this rank's layout holds {}",
                    r, length, expected);

@@ -79,9 +79,7 @@ std::string call_name(const Wire& w) {
   std::vector<uint64_t> reference(longest, 0);
   const std::vector<uint64_t>& hashes = mine.hashes();
   if (static_cast<std::size_t>(comm.rank()) == ref) std::copy(hashes.begin(), hashes.end(), reference.begin());
-  if (longest > 0) {
-    broadcast_bytes(comm, reference.data(), static_cast<int64_t>(longest * sizeof(uint64_t)), static_cast<int>(ref));
-  }
+  broadcast_values(comm, reference, static_cast<int>(ref));
 
   uint64_t first_diff = kNoDifference;
   if (!mine.shadowing()) {

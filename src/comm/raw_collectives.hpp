@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -13,14 +12,21 @@
 namespace shardopt {
 namespace comm {
 
-// After a collective on `buffer` failed: one that timed out stays live in MPI and may still
-// write it when the late peer arrives, so its memory is freed only once that cannot happen
-// (core/abandoned_memory.hpp); at once otherwise.
-template <typename T>
-void free_when_untouched(std::vector<T>&& buffer) {
-  auto kept = std::make_shared<std::vector<T>>(std::move(buffer));  // moving keeps the memory
-  core::AbandonedMemory::process().free_or_defer(kept->data(), kept->size() * sizeof(T),
-                                                 [kept]() mutable { kept.reset(); });
+using core::free_when_untouched;
+
+// Runs `collective`, which reads or writes the memory of `buffer`, and returns what it returns.
+// When it throws, the collective may stay live in MPI and touch that memory later, so the
+// allocation goes to free_when_untouched (`buffer` is left empty) before the error goes on.
+// The one way internal collectives keep their own buffers; memory on the stack must first be
+// copied into such a buffer (broadcast_record).
+template <typename T, typename Collective>
+decltype(auto) run_keeping_on_failure(std::vector<T>& buffer, Collective&& collective) {
+  try {
+    return std::forward<Collective>(collective)();
+  } catch (...) {
+    free_when_untouched(std::move(buffer));
+    throw;
+  }
 }
 
 // Every rank's `mine`, in rank order. Records have one fixed size on every rank, so ranks in
@@ -29,14 +35,9 @@ template <typename Record>
 std::vector<Record> all_gather_records(Communicator& comm, const Record& mine) {
   static_assert(std::is_trivially_copyable<Record>::value, "records travel as raw bytes");
   std::vector<Record> all(static_cast<std::size_t>(comm.size()));
-  all[static_cast<std::size_t>(comm.rank())] = mine;
-  try {
-    comm.all_gather(&all[static_cast<std::size_t>(comm.rank())], all.data(),
-                    static_cast<int64_t>(sizeof(Record)), DType::byte);
-  } catch (...) {
-    free_when_untouched(std::move(all));
-    throw;
-  }
+  Record* own = &all[static_cast<std::size_t>(comm.rank())];
+  *own = mine;
+  run_keeping_on_failure(all, [&] { comm.all_gather(own, all.data(), static_cast<int64_t>(sizeof(Record)), DType::byte); });
   return all;
 }
 
@@ -46,16 +47,26 @@ template <typename Record>
 void broadcast_record(Communicator& comm, Record& record, int root) {
   static_assert(std::is_trivially_copyable<Record>::value, "records travel as raw bytes");
   std::vector<Record> staged(1, record);
-  try {
+  run_keeping_on_failure(staged, [&] {
     comm.broadcast(staged.data(), static_cast<int64_t>(sizeof(Record)), DType::byte, root);
-  } catch (...) {
-    free_when_untouched(std::move(staged));
-    throw;
-  }
+  });
   record = staged[0];
 }
 
+// `values` as `root` has them, on every rank (every rank passes as many). On failure `values`
+// is left empty: its memory is handed over (run_keeping_on_failure).
+template <typename T>
+void broadcast_values(Communicator& comm, std::vector<T>& values, int root) {
+  static_assert(std::is_trivially_copyable<T>::value, "values travel as raw bytes");
+  if (values.empty()) return;
+  run_keeping_on_failure(values, [&] {
+    comm.broadcast(values.data(), static_cast<int64_t>(values.size() * sizeof(T)), DType::byte, root);
+  });
+}
+
 // `bytes` bytes at `data` as `root` has them, on every rank (every rank passes the same size).
+// `data` must be memory that outlives a collective that fails (memory freed through
+// core/abandoned_memory.hpp, as FlatBuffer's and checkpoint staging slots).
 inline void broadcast_bytes(Communicator& comm, void* data, int64_t bytes, int root) {
   comm.broadcast(data, bytes, DType::byte, root);
 }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -75,6 +76,15 @@ class AbandonedMemory {
   std::map<Hold, std::vector<ByteRange>> held_;
   std::vector<Deferred> deferred_;
 };
+
+// Frees `buffer`'s memory once no abandoned collective can touch it: at once, unless a held
+// range overlaps it (say a collective on it just failed: one that timed out stays live in MPI
+// and may still write it when the late peer arrives).
+template <typename T>
+void free_when_untouched(std::vector<T>&& buffer) {
+  auto kept = std::make_shared<std::vector<T>>(std::move(buffer));  // moving keeps the memory
+  AbandonedMemory::process().free_or_defer(kept->data(), kept->size() * sizeof(T), [kept]() mutable { kept.reset(); });
+}
 
 }  // namespace core
 }  // namespace shardopt

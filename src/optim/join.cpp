@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "optim/agreement_fields.hpp"
 #include "optim/hyperparams.hpp"
@@ -100,10 +101,7 @@ void shadow_step(ZeroOptimizer::Impl& im, const comm::Agreed& agreed, double agr
   // come from the reference rank.
   const uint64_t sitting_out = agreed.payloads[static_cast<std::size_t>(agreed.reference)][1];
   std::vector<ParamId> ids(static_cast<std::size_t>(sitting_out));
-  if (!ids.empty()) {
-    im.dev.host_comm().broadcast(ids.data(), static_cast<int64_t>(ids.size() * sizeof(ParamId)), DType::byte,
-                                 agreed.reference);
-  }
+  comm::broadcast_values(im.dev.host_comm(), ids, agreed.reference);
   for (ParamId id : ids) im.table.param(id).sits_out_step = true;
   im.step.run(any_nonfinite, agree_seconds);
 }
