@@ -5,6 +5,7 @@
 
 #include "checkpoint/optimizer_parts.hpp"
 #include "comm/agreement.hpp"
+#include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "cpu/cpu_isa.hpp"
 #include "optim/agreement_fields.hpp"
@@ -373,8 +374,8 @@ void ZeroOptimizer::step(const std::vector<ParamId>& without_grad) try {
   }
   if (any_joined && !sitting_out.empty()) {
     // The ranks in join() learn which params sit out from the lowest active rank.
-    im.dev.host_comm().broadcast(sitting_out.data(), static_cast<int64_t>(sitting_out.size() * sizeof(ParamId)),
-                                 DType::byte, agreed.reference);
+    // Kept allocated after a timeout: a late peer may still write into it.
+    comm::broadcast_values(im.dev.host_comm(), sitting_out, agreed.reference);
   }
   for (ParamId id : sitting_out) im.table.param(id).sits_out_step = true;  // Step::run clears them
   im.step.run(any_nonfinite, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
