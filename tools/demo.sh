@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/demo.sh — installs what is missing, builds shardopt and runs shardopt-demo on 2 ranks.
+# tools/demo.sh — installs what is missing, builds the library and shardopt-demo (nothing else) and runs the demo on 2 ranks.
 #
 #   bash tools/demo.sh [shardopt-demo options]     e.g. bash tools/demo.sh --layers 3 --width 64
 #                                                  or   bash tools/demo.sh --dtype bf16 --stage 2
@@ -11,8 +11,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/install_deps.sh
 shardopt_install_deps
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j"$(nproc)"
+# Only the demo and what it links (the library, its CUDA code where a toolkit is present): the
+# tests, benchmarks and other tools are tools/test.sh's to build. A second run rebuilds nothing.
+# The build tree is the one tools/test.sh uses, so neither command repeats the other's work.
+[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)" --target shardopt-demo
 
 # The match line is printed only when both modes run (the default).
 expect_match=1

@@ -1,37 +1,95 @@
 #!/usr/bin/env bash
-# tools/test.sh — the README's test command: installs what is missing, builds (CUDA code too when the toolkit is present), runs every test.
+# tools/test.sh — the README's test command: installs what is missing, builds (CUDA code too when the toolkit is present), runs every test, and prints where the time went.
+#
+#   bash tools/test.sh            SHARDOPT_FUZZ_SECONDS (default 60) per fuzz harness;
+#                                 SHARDOPT_TSAN=1 adds the ThreadSanitizer build and its tests.
+# Stages, in order (each builds only what it runs): packages; the release build (everything:
+# library, tools, benchmarks, tests, CUDA code); its tests (ctest); the ASan+UBSan build of the
+# test programs and their unit and multi-rank tests; the checkpoint readers' fuzzers; ThreadSanitizer
+# when asked. A table of the stages' times ends the output, whether the run passed or not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash tools/install_deps.sh
-
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j"$jobs"
+stage_rows=()
+print_stage_table() {
+  local row total=0
+  (( ${#stage_rows[@]} )) || return 0
+  echo
+  echo "== tools/test.sh: time per stage"
+  printf '%-34s %8s  %s\n' stage seconds result
+  for row in "${stage_rows[@]}"; do
+    IFS='|' read -r name seconds status <<<"$row"
+    printf '%-34s %8d  %s\n' "$name" "$seconds" "$([[ $status == 0 ]] && echo ok || echo "FAILED ($status)")"
+    total=$((total + seconds))
+  done
+  printf '%-34s %8d\n' total "$total"
+}
+trap print_stage_table EXIT
+# run_stage NAME COMMAND...: runs the command, records its time and status; fails as it fails.
+run_stage() {
+  local name=$1 start=$SECONDS status=0
+  shift
+  echo "== $name"
+  "$@" || status=$?
+  stage_rows+=("$name|$((SECONDS - start))|$status")
+  return "$status"
+}
+
+run_stage packages bash tools/install_deps.sh
+
+release_build() {
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+  cmake --build build -j"$jobs"
+}
+run_stage "release build" release_build
 
 # Multi-rank tests run as root on CI machines, with more ranks than cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
-ctest --test-dir build --output-on-failure -j"$jobs"
+# One `cores` slot per core (at least 2: the Python tests hold two). Each test holds its
+# PROCESSORS' worth while it runs, except those labelled `waits` (fault trials, multi-host
+# cases: mostly waiting out a timeout or a killed rank's teardown), which run beside them in the
+# extra jobs (tests/CMakeLists.txt, shardopt_share_cores).
+core_slots=$(( jobs > 2 ? jobs : 2 ))
+resource_spec=$PWD/build/ctest_resources.json
+printf '{"version": {"major": 1, "minor": 0}, "local": [{"cores": [{"id": "0", "slots": %d}]}]}\n' \
+  "$core_slots" >"$resource_spec"
+ctest_shared() {
+  ctest --output-on-failure --resource-spec-file "$resource_spec" -j"$((core_slots + 4))" "$@"
+}
+run_stage "release tests" ctest_shared --test-dir build
 
 # ---- sanitizers and fuzzing --------------------------------------------------------------------
 # A second build with ASan + UBSan (float-cast-overflow included), CUDA off, running the unit and
 # multi-rank tests (not python, benches, demos or the install test, so the tools are not built).
 # LeakSanitizer runs on the unit tests; under MPI it is off: Open MPI's plugins leak at MPI_Finalize from modules it has
 # already unloaded, which LSan reports as "<unknown module>" frames that no suppression can name.
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDOPT_WITH_CUDA=OFF -DSHARDOPT_SANITIZE=ON \
-  -DSHARDOPT_BUILD_TOOLS=OFF
-cmake --build build-sanitize -j"$jobs"
+sanitize_unit='-L unit -LE mpi|bench|python'
+sanitize_mpi='-L mpi -LE python|bench|demo|install|gpu'
+sanitize_build() {
+  cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDOPT_WITH_CUDA=OFF -DSHARDOPT_SANITIZE=ON \
+    -DSHARDOPT_BUILD_TOOLS=OFF
+  # Only the programs those tests run (the other test programs are the release stage's).
+  local targets
+  # shellcheck disable=SC2086
+  targets=$(python3 tools/ctest_targets.py build-sanitize $sanitize_unit -- $sanitize_mpi)
+  # shellcheck disable=SC2086
+  cmake --build build-sanitize -j"$jobs" --target $targets
+}
+run_stage "sanitizer build" sanitize_build
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/sanitizer/ubsan.supp"
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L unit -LE 'mpi|bench|python'
-ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L mpi \
-  -LE 'python|bench|demo|install|gpu'
+# shellcheck disable=SC2086
+ASAN_OPTIONS=detect_leaks=1 run_stage "sanitizer unit tests" \
+  ctest --test-dir build-sanitize --output-on-failure -j"$jobs" $sanitize_unit
+# shellcheck disable=SC2086
+ASAN_OPTIONS=detect_leaks=0 run_stage "sanitizer multi-rank tests" ctest_shared --test-dir build-sanitize $sanitize_mpi
 
 # The checkpoint readers' fuzz harnesses (clang, libFuzzer): the seed corpus replayed, then a
 # bounded fuzzing run per harness; any crash fails.
-SHARDOPT_FUZZ_SECONDS=${SHARDOPT_FUZZ_SECONDS:-60} bash tests/fuzz/run.sh build-fuzz
+SHARDOPT_FUZZ_SECONDS=${SHARDOPT_FUZZ_SECONDS:-60} run_stage fuzzers bash tests/fuzz/run.sh build-fuzz
 
 # ThreadSanitizer over the threaded paths (a clang build of the library and three test
 # programs; tools/sanitizer/tsan.sh). Opt-in, as it adds a third build to CI's time.
 if [[ ${SHARDOPT_TSAN:-0} == 1 ]]; then
-  bash tools/sanitizer/tsan.sh build-tsan
+  run_stage "thread sanitizer" bash tools/sanitizer/tsan.sh build-tsan
 fi

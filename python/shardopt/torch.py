@@ -17,6 +17,7 @@ with shardopt's kernels and syncs the model's own parameters, in place, to every
 torch's ZeRO, gradients must already be averaged across ranks (DDP, or an all-reduce).
 """
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -24,10 +25,12 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from ._shardopt import Communicator, Error, OptimizerConfig, OverlapPolicy, PartitionStrategy, Storage, ZeroOptimizer, mpi_world
 from ._torch_comm import torch_communicator
+from ._torch_overlap import (GradientBuckets, averaged_grads, hook_with_zero_step, hook_with_zero_step_interleaved,
+                             warn_step_in_loop)
 from ._torch_options import algorithm_for, check_group, hyperparams_of, torch_defaults
 from ._torch_state import from_torch, to_torch
 
-__all__ = ["ZeroRedundancyOptimizer"]
+__all__ = ["ZeroRedundancyOptimizer", "hook_with_zero_step", "hook_with_zero_step_interleaved"]
 
 
 def launched_by_mpirun():
@@ -80,9 +83,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     is by that step (no update, no state change), as torch's optimizers do.
     ``parameters_as_bucket_view`` is accepted for compatibility: shardopt always updates the
     model's own parameter tensors in place.
-    ``overlap_with_ddp=True`` (under mpirun): the parameters become views of shardopt's buffers
-    and each gradient is handed over (and averaged by shardopt, so without DDP) as backward
-    accumulates it; step() finishes the round, updates, and returns with every parameter synced.
+    ``overlap_with_ddp=True``: each gradient is handed over (and averaged by shardopt, so
+    without DDP) as backward accumulates it; step() finishes the round, updates, and returns with
+    every parameter synced. Under mpirun the parameters become views of shardopt's buffers and
+    its overlap engine reduces each bucket on its communication thread; over a torch process
+    group (torchrun) the gradients go into flat buckets whose averages start, nonblocking, as
+    backward completes them (_torch_overlap.py). Both give the non-overlapped step's bits for
+    gradients averaged alike. torch's pattern, a DDP model with
+    ``ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))`` (this
+    module's ``hook_with_zero_step``), works too: the step then runs at the end of each backward,
+    from the first iteration, on gloo and NCCL, and ``step()`` in the loop is a no-op.
     """
 
     def __init__(
@@ -104,9 +114,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         self._zeroed = set()  # indices of buffers zeroed since their last gradient
         self._holds_consolidated = False  # whether this rank holds a consolidated state
         self.overlap_with_ddp = bool(overlap_with_ddp)
+        self._overlap_with_ddp = self.overlap_with_ddp  # the name torch's DDP hooks read
         self._hooks = []  # overlap: the AccumulateGrad nodes whose hooks hand gradients over
-        self._handed = set()  # overlap: indices handed over since the last step
+        self._handed = set()  # overlap (engine): indices handed over since the last step
+        self._buckets = None  # overlap without the engine (a torch process group): GradientBuckets
+        self._ddp = None  # True once hook_with_zero_step is made: DDP's hook drives the step
+        self._ddp_buckets = []  # this backward's DDP buckets: (params, their hook's future)
+        self._warned_step = False
         comm = _communicator(process_group)
+        self._comm = comm
         self.process_group = process_group
         self.rank, self.world_size = comm.rank, comm.size
         super().__init__(params, full_defaults)
@@ -126,22 +142,36 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             config.node_shared_params = False  # each rank's model owns its parameter memory
             config.overlap = OverlapPolicy.after_backward
         try:
-            self._zero = ZeroOptimizer(comm, [self._shardopt_group(g, 0) for g in self.param_groups], config)
+            self._zero = ZeroOptimizer(comm, self._shardopt_groups(), config)
         except Error as e:
-            if self.overlap_with_ddp and e.code == "unsupported":  # on every rank alike
-                raise NotImplementedError(
-                    "shardopt.torch.ZeroRedundancyOptimizer: overlap_with_ddp=True runs shardopt's "
-                    "collectives on a thread of its own, which a torch.distributed process group cannot "
-                    "serve (under torchrun); launch under mpirun, or use overlap_with_ddp=False. "
-                    f"({e})"
-                ) from e
-            raise
-        if self.overlap_with_ddp:
+            if not (self.overlap_with_ddp and e.code == "unsupported"):
+                raise
+            # The communicator cannot serve the engine's thread (a torch process group, on every
+            # rank alike): the same overlap through nonblocking collectives on this thread.
+            self._buckets = GradientBuckets(comm)
+            self._buckets.add(dict(enumerate(self._params)))
+            self._grads = [self._buckets.grads[i] for i in range(len(self._params))]
+            config = OptimizerConfig(algorithm=self._algorithm, partition=PartitionStrategy.sorted_greedy,
+                                     storage=Storage.external)
+            self._zero = ZeroOptimizer(comm, self._shardopt_groups(), config)
+        if self._engine_overlap():
             self._point_params_at_buffers()
+        if self.overlap_with_ddp:
             for index, p in enumerate(self._params):
                 self._hook_grad(index, p)
 
     # ---- param groups -------------------------------------------------------------------------
+
+    def _engine_overlap(self):
+        """overlap_with_ddp through shardopt's overlap engine (bucket view, its own thread)."""
+        return self.overlap_with_ddp and self._buckets is None
+
+    def _shardopt_groups(self):
+        groups, first = [], 0
+        for group in self.param_groups:
+            groups.append(self._shardopt_group(group, first))
+            first += len(group["params"])
+        return groups
 
     def _shardopt_group(self, group, first_index):
         """shardopt's group for a torch group whose params are indexed from first_index."""
@@ -149,7 +179,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         entries = []
         for offset, p in enumerate(group["params"]):
             index = first_index + offset
-            if self.overlap_with_ddp:  # bucket view: initial values only; gradients handed over
+            if self._engine_overlap():  # bucket view: initial values only; gradients handed over
                 entries.append((f"param{index}", p.detach()))
             else:
                 entries.append((f"param{index}", p.detach(), self._grads[index]))
@@ -168,9 +198,14 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             self._params.append(p)
             self._grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format).detach())
         if self._zero is not None:
+            if self._buckets is not None:  # new buckets after the old (whose views shardopt holds)
+                self._buckets.add({i: self._params[i] for i in range(first_index, len(self._params))})
+                for i in range(first_index, len(self._params)):
+                    self._grads[i] = self._buckets.grads[i]
             self._zero.add_param_group(self._shardopt_group(group, first_index))
-            if self.overlap_with_ddp:
+            if self._engine_overlap():
                 self._point_params_at_buffers()  # the layout changed: every view moved
+            if self.overlap_with_ddp:
                 for index in range(first_index, len(self._params)):
                     self._hook_grad(index, self._params[index])
 
@@ -189,18 +224,32 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             return
         accumulate = p.expand_as(p).grad_fn.next_functions[0][0]
 
+        # A weak reference: the node keeps its hook, and this optimizer keeps the node.
+        zero_ref = weakref.ref(self)
+
         def hand(*_):
-            if index in self._handed:
-                raise RuntimeError(
-                    "shardopt.torch.ZeroRedundancyOptimizer(overlap_with_ddp=True): a second backward "
-                    f"reached param {index} before step(); gradient accumulation over several backwards "
-                    "needs overlap_with_ddp=False"
-                )
-            self._handed.add(index)
-            self._zero.reduce_gradient(index, p.grad.detach().contiguous())
+            zero = zero_ref()
+            if zero is not None:
+                zero._hand(index, p.grad.detach())
 
         accumulate.register_hook(hand)
         self._hooks.append(accumulate)  # the node must outlive this call for its hook to stay
+
+    def _hand(self, index, grad):
+        """backward's gradient of param `index`, from its AccumulateGrad hook."""
+        if self._ddp is not None and self._buckets is not None:
+            return  # DDP averages the gradients; its hook runs the plain step after backward
+        if index in self._handed or (self._buckets is not None and self._buckets.handed(index)):
+            raise RuntimeError(
+                "shardopt.torch.ZeroRedundancyOptimizer(overlap_with_ddp=True): a second backward "
+                f"reached param {index} before step(); gradient accumulation over several backwards "
+                "needs overlap_with_ddp=False"
+            )
+        if self._buckets is not None:
+            self._buckets.hand(index, grad)
+            return
+        self._handed.add(index)
+        self._zero.reduce_gradient(index, grad.contiguous())
 
     def _sync_hyperparams(self):
         """param_groups' values (as a scheduler or the user left them) into shardopt's groups."""
@@ -215,12 +264,56 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         super().zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
-        """Collective: updates this rank's shard and syncs the parameters to every rank."""
+        """Collective: updates this rank's shard and syncs the parameters to every rank. With
+        hook_with_zero_step registered, DDP's hook has done that at the end of backward, and this
+        returns None, as torch's does."""
+        if self._ddp is not None:
+            if not self._warned_step:
+                warn_step_in_loop()
+                self._warned_step = True
+            return None
         Join.notify_join_context(self)  # inside torch's Join: this rank has not joined (yet)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        return self._step_now(loss)
+
+    def _drive_from_ddp_hook(self, ddp):
+        """hook_with_zero_step: from now on DDP's hook runs the step (_step_after_ddp)."""
+        group = getattr(ddp, "process_group", None)
+        if group is not None and dist.get_world_size(group) != self.world_size:
+            raise ValueError(
+                f"hook_with_zero_step: the DDP model's process group has {dist.get_world_size(group)} ranks, "
+                f"the ZeroRedundancyOptimizer's {self.world_size}"
+            )
+        self._ddp = True  # (not the DDP model itself: it keeps this optimizer's hook)
+
+    def _step_after_ddp(self):
+        """The step hook_with_zero_step queues at the end of backward."""
+        buckets, self._ddp_buckets = self._ddp_buckets, []
+        Join.notify_join_context(self)
+        if self._buckets is None:  # the engine: it has averaged what the hooks handed over
+            self._step_now(None)
+            return
+        # The gradients DDP averaged (its buckets' futures): the non-overlapped step's input.
+        averaged = averaged_grads(buckets)
+        self._sync_hyperparams()
+        without_grad = []
+        for index, (p, buffer) in enumerate(zip(self._params, self._grads)):
+            grad = averaged.get(id(p))
+            if grad is None:
+                without_grad.append(index)
+                buffer.zero_()
+            else:
+                buffer.copy_(grad)
+        self._zero.step(without_grad=without_grad)
+
+    def _step_now(self, loss):
+        if self._buckets is not None:
+            self._sync_hyperparams()
+            self._zero.step(without_grad=self._buckets.finish())
+            return loss
         if self.overlap_with_ddp:
             self._sync_hyperparams()
             without_grad = [i for i in range(len(self._params)) if i not in self._handed]
@@ -238,7 +331,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
 
     def _shadow_step(self):
         """In torch's Join, once this rank is out of inputs: follows one step of the others."""
-        self._gather_grads()
+        if self._buckets is not None and self._ddp is None:
+            self._sync_hyperparams()
+            self._buckets.finish()  # zeros, in the others' bucket collectives
+        else:
+            self._gather_grads()
         self._zero.join_step()
 
     # ---- Join (uneven inputs) -----------------------------------------------------------------

@@ -331,17 +331,57 @@ def test_overlap_with_ddp_after_add_param_group_equals_the_plain_step():
         assert "a second backward reached param" in str(e) and "overlap_with_ddp=False" in str(e), str(e)
 
 
-def test_overlap_with_ddp_over_a_torch_process_group_is_refused_clearly():
-    # As under torchrun: the collectives go over torch's process group, which the engine's
-    # communication thread cannot call. A clear error on every rank, not a deadlock.
-    model = tutorial_model(width=4, depth=1)
+def test_overlap_with_ddp_over_a_torch_process_group_equals_the_plain_step_bitwise():
+    # As under torchrun: the collectives go over torch's process group, which the overlap
+    # engine's thread cannot call. The drop-in then averages gradient buckets with nonblocking
+    # collectives started as backward fills them: the plain step's bits, every iteration.
+    torch_comm = shardopt.torch_communicator()
+    plain_model = tutorial_model(width=16, depth=3)
+    over_model = copy.deepcopy(plain_model)
+    plain = ZeroRedundancyOptimizer(plain_model.parameters(), optimizer_class=torch.optim.AdamW, lr=0.05,
+                                    process_group=torch_comm)
+    # Small buckets, so that most start during backward: each holds one Linear's weight or bias.
+    from shardopt import _torch_overlap
+
+    default_bytes, _torch_overlap.BUCKET_BYTES = _torch_overlap.BUCKET_BYTES, 16 * 16 * 4
     try:
-        ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.1,
-                                process_group=shardopt.torch_communicator(), overlap_with_ddp=True)
-        raise AssertionError("overlap_with_ddp=True over a torch process group was accepted")
-    except NotImplementedError as e:
-        message = str(e)
-        assert "overlap_with_ddp=False" in message and "mpirun" in message and "implemented in Python" in message, message
+        over = ZeroRedundancyOptimizer(over_model.parameters(), optimizer_class=torch.optim.AdamW, lr=0.05,
+                                       process_group=torch_comm, overlap_with_ddp=True)
+    finally:
+        _torch_overlap.BUCKET_BYTES = default_bytes
+    assert over._buckets is not None and over._zero.config.overlap == shardopt.OverlapPolicy.off
+    started_in_backward = []
+    for step in range(4):
+        plain.zero_grad()
+        plain_model(batch(step, width=16)).square().mean().backward()
+        for p in plain_model.parameters():
+            COMM.all_reduce(p.grad, "avg")
+        plain.step()
+        over.zero_grad()
+        over_model(batch(step, width=16)).square().mean().backward()
+        started_in_backward.append(len(over._buckets._pending))
+        over.step()
+        same = all(torch.equal(a, b) for a, b in zip(plain_model.parameters(), over_model.parameters()))
+        assert agree_everywhere(same), step
+    assert started_in_backward == [6] * 4, started_in_backward  # every bucket started before step()
+    # A param without a gradient sits the step out; its bucket still starts (zeros), in order.
+    held = over_model[1].weight.detach().clone()
+    over.zero_grad()
+    over_model[1].weight.requires_grad_(False)
+    over_model(batch(9, width=16)).square().mean().backward()
+    assert len(over._buckets._pending) < 6
+    over.step()
+    over_model[1].weight.requires_grad_(True)
+    assert torch.equal(held, over_model[1].weight.detach())
+    assert over._zero.param_step(2) == 4 and over._zero.param_step(3) == 5
+    # Two backwards before a step are refused by name, as with the engine.
+    over.zero_grad()
+    over_model(batch(7, width=16)).square().mean().backward()
+    try:
+        over_model(batch(8, width=16)).square().mean().backward()
+        raise AssertionError("a second backward before step() was accepted")
+    except RuntimeError as e:
+        assert "a second backward reached param" in str(e), str(e)
 
 
 def test_frozen_params_and_add_param_group():

@@ -15,15 +15,41 @@ cmake --build "$build" -j"$(nproc)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$build/artifacts"
-for harness in manifest safetensors checkpoint_dir; do
-  seeds=tests/fuzz/corpus/$harness
-  echo "fuzz_$harness: replaying $(ls "$seeds" | wc -l) seeds"
-  "$build/fuzz_$harness" -runs=0 -artifact_prefix="$build/artifacts/" "$seeds" 2>"$work/replay.log" ||
-    { tail -n 40 "$work/replay.log"; exit 1; }
-  echo "fuzz_$harness: fuzzing for ${seconds}s"
+# fuzz_one HARNESS: the seeds replayed, then fuzzing for the bounded time; its log in $work.
+fuzz_one() {
+  local harness=$1 seeds=tests/fuzz/corpus/$1 log=$work/$1.log
+  echo "fuzz_$harness: replaying $(ls "$seeds" | wc -l) seeds, then fuzzing for ${seconds}s" >"$log"
+  "$build/fuzz_$harness" -runs=0 -artifact_prefix="$build/artifacts/" "$seeds" >>"$log" 2>&1 || return 1
   mkdir -p "$work/$harness"
   "$build/fuzz_$harness" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
-    -artifact_prefix="$build/artifacts/" "$work/$harness" "$seeds" 2>"$work/fuzz.log" ||
-    { tail -n 40 "$work/fuzz.log"; exit 1; }
-  grep -E '^Done [0-9]+ runs' "$work/fuzz.log" || true
+    -artifact_prefix="$build/artifacts/" "$work/$harness" "$seeds" >>"$log" 2>&1
+}
+# The harnesses run side by side, one per core (each fuzzes single-threaded for its own time).
+harnesses=(manifest safetensors checkpoint_dir)
+declare -A job_of=()
+failed=0
+finish() {  # waits for harness $1 and prints its verdict
+  local harness=$1 log=$work/$1.log
+  if wait "${job_of[$harness]}"; then
+    head -n 1 "$log"
+    grep -E '^Done [0-9]+ runs' "$log" | sed "s/^/fuzz_$harness: /" || true
+  else
+    echo "fuzz_$harness: FAILED"
+    tail -n 40 "$log"
+    failed=1
+  fi
+}
+running=()
+for harness in "${harnesses[@]}"; do
+  if (( ${#running[@]} >= $(nproc) )); then
+    finish "${running[0]}"
+    running=("${running[@]:1}")
+  fi
+  fuzz_one "$harness" &
+  job_of[$harness]=$!
+  running+=("$harness")
 done
+for harness in "${running[@]}"; do
+  finish "$harness"
+done
+exit "$failed"

@@ -46,6 +46,8 @@ done
 if "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   echo "== torch's ZeRO tutorial: torch, shardopt under torchrun, shardopt under mpirun (2 ranks each)"
   "$venv/bin/python" "$source_dir/python/tests/zero_tutorial_check.py"
+  echo "== torch's overlap_with_ddp pattern (DDP hook hook_with_zero_step): shardopt under torchrun and mpirun"
+  "$venv/bin/python" "$source_dir/python/tests/zero_overlap_ddp_check.py"
 else
-  echo "== torch's ZeRO tutorial: skipped: torch cannot be imported"
+  echo "== torch's ZeRO tutorial and overlap pattern: skipped: torch cannot be imported"
 fi
