@@ -57,7 +57,6 @@ printf '{"version": {"major": 1, "minor": 0}, "local": [{"cores": [{"id": "0", "
 ctest_shared() {
   ctest --output-on-failure --resource-spec-file "$resource_spec" -j"$((core_slots + 4))" "$@"
 }
-run_stage "release tests" ctest_shared --test-dir build
 
 # ---- sanitizers and fuzzing --------------------------------------------------------------------
 # A second build with ASan + UBSan (float-cast-overflow included), CUDA off, running the unit and
@@ -76,7 +75,27 @@ sanitize_build() {
   # shellcheck disable=SC2086
   cmake --build build-sanitize -j"$jobs" --target $targets
 }
-run_stage "sanitizer build" sanitize_build
+# That build and the fuzz harnesses' (clang) compile beside the release tests, at the lowest CPU
+# priority: the tests spend much of their time waiting (timeouts, killed ranks' teardown, file
+# syncs), and the compilers take the idle cores without slowing a test that wants one.
+background_log=$PWD/build/background_builds.log
+background_start=$SECONDS
+(
+  renice -n 19 -p "$BASHPID" >/dev/null  # what this subshell starts inherits it
+  sanitize_build && bash tests/fuzz/run.sh build-fuzz --build-only
+) >"$background_log" 2>&1 &
+background_pid=$!
+release_status=0
+run_stage "release tests" ctest_shared --test-dir build || release_status=$?
+background_status=0
+wait "$background_pid" || background_status=$?
+stage_rows+=("sanitizer + fuzz builds (beside)|$((SECONDS - background_start))|$background_status")
+if (( background_status != 0 )); then
+  tail -n 60 "$background_log"
+  echo "test.sh: the sanitizer or fuzz build failed (whole log: $background_log)" >&2
+fi
+(( release_status == 0 && background_status == 0 )) || exit 1
+
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/sanitizer/ubsan.supp"
 # shellcheck disable=SC2086
 ASAN_OPTIONS=detect_leaks=1 run_stage "sanitizer unit tests" \

@@ -23,6 +23,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -183,17 +184,49 @@ shardopt::Device locate(const void* p) {
   return shardopt::Device::cuda(ordinal);
 }
 
-// The library's buffer as a one-dimensional DLPack array (uint8 for byte). It owns nothing (its
-// owner, None, only tells nanobind not to copy): the collective's caller keeps the memory alive.
+// The library's buffer as a one-dimensional DLPack capsule ("dltensor": uint8 for byte). It owns
+// nothing: the collective's caller keeps the memory alive. Its deleter touches no Python object,
+// so the consumer may drop it on any thread at any time: torch's gloo worker thread often holds
+// the last reference to a finished collective's tensors, and takes it down after the main thread
+// has started finalising the interpreter, where taking the GIL ends the thread (inside torch's
+// noexcept destructor: std::terminate, an abort at exit). nanobind's own ndarray capsules take
+// the GIL in their deleter, hence this one.
+struct BufferExport {
+  DLManagedTensor managed{};
+  int64_t shape[1] = {0};
+  int64_t strides[1] = {1};
+};
+
+void delete_buffer_export(DLManagedTensor* managed) { delete static_cast<BufferExport*>(managed->manager_ctx); }
+
+void delete_unconsumed_capsule(PyObject* capsule) {
+  // Only a capsule nobody consumed still owns its tensor (a consumer renames it "used_dltensor").
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    managed->deleter(managed);
+  }
+}
+
 nb::object buffer_array(const void* data, int64_t count, DType dtype, shardopt::Device device) {
-  const std::size_t shape[1] = {static_cast<std::size_t>(count)};
-  nb::dlpack::dtype type = nb::dtype<float>();
-  if (dtype == DType::f16) type = nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
-  if (dtype == DType::bf16) type = nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
-  if (dtype == DType::byte) type = nb::dtype<uint8_t>();
-  const int32_t device_type = device.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
-  return nb::cast(nb::ndarray<>(const_cast<void*>(data), 1, shape, nb::none(), nullptr, type, device_type,
-                                device.is_cuda() ? device.index : 0));
+  auto buffer = std::make_unique<BufferExport>();
+  buffer->shape[0] = count;
+  DLTensor& t = buffer->managed.dl_tensor;
+  t.data = const_cast<void*>(data);
+  t.device = DLDevice{device.is_cuda() ? kDLCUDA : kDLCPU, device.is_cuda() ? device.index : 0};
+  t.ndim = 1;
+  t.dtype = DLDataType{static_cast<uint8_t>(kDLFloat), 32, 1};
+  if (dtype == DType::f16) t.dtype = DLDataType{static_cast<uint8_t>(kDLFloat), 16, 1};
+  if (dtype == DType::bf16) t.dtype = DLDataType{static_cast<uint8_t>(kDLBfloat), 16, 1};
+  if (dtype == DType::byte) t.dtype = DLDataType{static_cast<uint8_t>(kDLUInt), 8, 1};
+  t.shape = buffer->shape;
+  t.strides = buffer->strides;
+  t.byte_offset = 0;
+  buffer->managed.manager_ctx = buffer.get();
+  buffer->managed.deleter = delete_buffer_export;
+  PyObject* capsule = PyCapsule_New(&buffer->managed, "dltensor", delete_unconsumed_capsule);
+  if (capsule == nullptr) throw nb::python_error();
+  buffer.release();  // the capsule (or its consumer) owns it now
+  return nb::steal(capsule);
 }
 
 // Refuses config.overlap: the optimizer would call it from its communication thread, where each

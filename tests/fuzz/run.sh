@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/fuzz/run.sh — builds the checkpoint readers' libFuzzer harnesses with clang, replays the seed corpus, then fuzzes each harness for a bounded time; fails on any crash.
 #
-#   bash tests/fuzz/run.sh [BUILD_DIR]     SHARDOPT_FUZZ_SECONDS (default 60) per harness
+#   bash tests/fuzz/run.sh [BUILD_DIR [--build-only]]     SHARDOPT_FUZZ_SECONDS (default 60) per harness
 # Inputs the fuzzer finds go to a temporary directory, not into the checked-in corpus; a crash
 # leaves its input (crash-*) in BUILD_DIR/artifacts and makes the script fail.
 set -euo pipefail
@@ -11,6 +11,7 @@ build=${1:-build-fuzz}
 seconds=${SHARDOPT_FUZZ_SECONDS:-60}
 CC=clang CXX=clang++ cmake -S tests/fuzz -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)"
+[[ ${2:-} == --build-only ]] && exit 0
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

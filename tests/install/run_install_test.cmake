@@ -5,9 +5,7 @@
 #   CMAKE_PREFIX_PATH=PREFIX only (no MPI found, none needed), runs it under mpiexec -n 2.
 # -DSTEP=pkg_config_c|pkg_config_cpp: the same consumer compiled by hand with the flags from
 #   `pkg-config --cflags --libs shardopt`, run the same way.
-# -DSTEP=readme_c: README's C quick start, the program and its shell commands taken from README
-#   as written (install into a prefix of its own instead of /opt/shardopt, nothing else changed;
-#   no LD_LIBRARY_PATH), must print the output README shows.
+# The README's quick starts: run_markdown_example.cmake.
 cmake_minimum_required(VERSION 3.16)
 
 function(run)
@@ -54,51 +52,6 @@ if(STEP STREQUAL "prefix")
   file(READ ${PREFIX}/${LIBDIR}/cmake/shardopt/shardoptTargets.cmake targets)
   if(targets MATCHES "MPI::|OpenMP::|fmt::")
     message(FATAL_ERROR "shardoptTargets.cmake exposes a private dependency")
-  endif()
-  return()
-endif()
-
-# The text between `opening` and the next "\n```" after `from` in `text`, and the rest after it.
-function(fenced_block text opening out rest_out)
-  string(FIND "${text}" "${opening}" at)
-  if(at LESS 0)
-    message(FATAL_ERROR "README: no block opening with '${opening}'")
-  endif()
-  string(LENGTH "${opening}" skip)
-  math(EXPR at "${at} + ${skip}")
-  string(SUBSTRING "${text}" ${at} -1 rest)
-  string(FIND "${rest}" "\n```" end)
-  math(EXPR end "${end} + 1")
-  string(SUBSTRING "${rest}" 0 ${end} block)
-  string(SUBSTRING "${rest}" ${end} -1 rest)
-  set(${out} "${block}" PARENT_SCOPE)
-  set(${rest_out} "${rest}" PARENT_SCOPE)
-endfunction()
-
-if(STEP STREQUAL "readme_c")
-  set(build ${WORK_DIR}/readme_c)
-  set(prefix ${WORK_DIR}/readme_prefix)
-  file(REMOVE_RECURSE ${build} ${prefix})
-  file(MAKE_DIRECTORY ${build})
-  file(READ ${README} readme)
-  string(FIND "${readme}" "## The C ABI" section)
-  string(SUBSTRING "${readme}" ${section} -1 readme)
-  fenced_block("${readme}" "```c\n" program readme)
-  fenced_block("${readme}" "```sh\n" commands readme)
-  file(WRITE ${build}/adamw.c "${program}")
-  if(NOT commands MATCHES "\n# ([^\n]+)\n$")
-    message(FATAL_ERROR "README: the commands end without the output they print:\n${commands}")
-  endif()
-  set(expected "${CMAKE_MATCH_1}")
-  # Only the install's source and destination change: this build, a scratch prefix.
-  string(REPLACE "cmake --install build " "\"${CMAKE_COMMAND}\" --install \"${BUILD_DIR}\" " commands "${commands}")
-  string(REPLACE "/opt/shardopt/lib/" "/opt/shardopt/${LIBDIR}/" commands "${commands}")
-  string(REPLACE "/opt/shardopt" "${prefix}" commands "${commands}")
-  file(WRITE ${build}/readme.sh "set -ex\ncd \"${build}\"\n${commands}")
-  run(env -u LD_LIBRARY_PATH -u PKG_CONFIG_PATH sh ${build}/readme.sh)
-  string(FIND "${run_output}" "${expected}\n" found)
-  if(found LESS 0)
-    message(FATAL_ERROR "README's program did not print what README shows: '${expected}'")
   endif()
   return()
 endif()
