@@ -149,7 +149,10 @@ struct OptimizerConfig {
   // order of completed buckets is agreed across the ranks (Error(mismatch) naming both orders
   // otherwise) and kept: later rounds issue buckets in that order, and step() issues the
   // all-gathers in its reverse (forward order). reduce_gradients() ends each round (and still
-  // checks that every rank completed the buckets in the same order); after step() returns,
+  // checks that every rank completed the buckets in the same order); with per_bucket, whose
+  // buckets are updated by then, only step() may follow it: any other collective call (save,
+  // save_async, load, state dicts, set_trainable, add_param_group, join) raises
+  // Error(invalid_argument) on every rank and changes nothing. After step() returns,
   // wait_param/wait_bucket/wait_all before reading a parameter. Do not call the communicator
   // directly, or through another object built on it (another optimizer, an averager), until
   // wait_all(): those calls would race the optimizer's queued ones. Every collective call of
