@@ -95,7 +95,9 @@ struct OptimizerConfig {
   // Largest single collective issued by reduce_gradients() and the parameter sync. 4 MiB by
   // measurement (bench/README.md): over Open MPI's shared-memory path, averaging the tutorial
   // model's 320 MB of gradients at 2 ranks took 187 ms in 4 MiB buckets, 185 ms in 1 MiB and
-  // 432 ms in 64 MiB ones.
+  // 432 ms in 64 MiB ones. A bucket holds at least 16 elements; a bucket_bytes that would cut
+  // the parameters (all of them, trainable or not) into more than 2^24 buckets is refused at
+  // registration (Error(invalid_argument) naming the least bucket_bytes that fits).
   int64_t bucket_bytes = int64_t{4} << 20;
   // Threads for the CPU update (OpenMP); 0 leaves the OpenMP default.
   int cpu_threads = 0;

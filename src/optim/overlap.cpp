@@ -89,6 +89,7 @@ void OverlapEngine::destroy_events() noexcept {
 bool OverlapEngine::gathers_per_bucket() const { return shard_.sharded() && shard_.node_sharing() == nullptr; }
 
 int OverlapEngine::num_buckets() const {
+  // At most kMaxBuckets (check_bucket_count at registration): fits an int.
   return static_cast<int>((layout().buffer_numel + bucket_numel() - 1) / bucket_numel());
 }
 

@@ -74,6 +74,7 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
     // Sizes the layout cannot hold, or buffers this machine cannot, fail every rank here.
     const optim::MemoryBudget budget =
         optim::registration_budget(im.config, im.table, added, im.dev.rank(), im.dev.world());
+    optim::check_bucket_count(im.config, im.table, added, im.dev.world());
     if (!added.choice.device.is_cuda()) optim::check_budget(budget, optim::host_memory_bytes(), im.dev.rank());
   });
   if (!record.failed()) optim::add_registration_fields(added, first_id, first_group, record);
