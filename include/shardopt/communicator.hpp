@@ -121,8 +121,8 @@ class SHARDOPT_API Communicator {
                                                           int64_t count, DType dtype, ReduceOp op,
                                                           int root) = 0;
 
-  // Ranks passing the same color form a new group, ordered by key (ties by old rank).
-  // Collective over this group.
+  // Ranks passing the same color form a new group, ordered by key (ties by old rank); a rank
+  // passing a negative color joins no group and gets null. Collective over this group.
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
   // Node locality. Collective over this group: the ranks of it on this rank's node (see
   // CommOptions.ranks_per_node), ordered as here, all of which can map the same host memory;

@@ -95,7 +95,9 @@ struct OptimizerConfig {
   // Largest single collective issued by reduce_gradients() and the parameter sync. 4 MiB by
   // measurement (bench/README.md): over Open MPI's shared-memory path, averaging the tutorial
   // model's 320 MB of gradients at 2 ranks took 187 ms in 4 MiB buckets, 185 ms in 1 MiB and
-  // 432 ms in 64 MiB ones.
+  // 432 ms in 64 MiB ones. A bucket holds at least 16 elements; a bucket_bytes that would cut
+  // the parameters (all of them, trainable or not) into more than 2^24 buckets is refused at
+  // registration (Error(invalid_argument) naming the least bucket_bytes that fits).
   int64_t bucket_bytes = int64_t{4} << 20;
   // Threads for the CPU update (OpenMP); 0 leaves the OpenMP default.
   int cpu_threads = 0;
@@ -149,7 +151,10 @@ struct OptimizerConfig {
   // order of completed buckets is agreed across the ranks (Error(mismatch) naming both orders
   // otherwise) and kept: later rounds issue buckets in that order, and step() issues the
   // all-gathers in its reverse (forward order). reduce_gradients() ends each round (and still
-  // checks that every rank completed the buckets in the same order); after step() returns,
+  // checks that every rank completed the buckets in the same order); with per_bucket, whose
+  // buckets are updated by then, only step() may follow it: any other collective call (save,
+  // save_async, load, state dicts, set_trainable, add_param_group, join) raises
+  // Error(invalid_argument) on every rank and changes nothing. After step() returns,
   // wait_param/wait_bucket/wait_all before reading a parameter. Do not call the communicator
   // directly, or through another object built on it (another optimizer, an averager), until
   // wait_all(): those calls would race the optimizer's queued ones. Every collective call of

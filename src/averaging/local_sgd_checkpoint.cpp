@@ -6,11 +6,11 @@
 // 0), then world rank 0 replaces local_sgd.json atomically and removes older saves. A crash at
 // any point leaves the record naming a complete save. The record is sealed as the optimizer's
 // manifest is (sealed_json.hpp).
-#include <filesystem>
 #include <random>
 
 #include <fmt/format.h>
 
+#include "averaging/local_sgd_save_ids.hpp"
 #include "averaging/post_local_sgd_impl.hpp"
 #include "checkpoint/collective.hpp"
 #include "checkpoint/file_io.hpp"
@@ -164,15 +164,6 @@ void read_outer_file(const std::string& dir, const OuterFile& file, int64_t nume
   }
 }
 
-// Saves of older generations, never the one the record names.
-void remove_older_saves(const std::string& dir, const std::string& keep) {
-  for (const std::string& entry : checkpoint::list_directory(dir)) {
-    if (entry == keep || entry.rfind("ls", 0) != 0 || entry.size() != keep.size()) continue;
-    std::error_code ignored;
-    std::filesystem::remove_all(join_path(dir, entry), ignored);
-  }
-}
-
 }  // namespace
 
 void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
@@ -201,7 +192,7 @@ void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
       }
       std::random_device device;
       setup.value0 = generation;
-      save_id = fmt::format("ls{:06d}-{:08x}", generation, static_cast<uint32_t>(device()));
+      save_id = local_sgd_save_id(generation, static_cast<uint32_t>(device()));
     } catch (const Error& e) {
       setup.fail(e);
     }

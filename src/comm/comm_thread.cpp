@@ -163,10 +163,12 @@ class SerialCommunicator final : public Communicator {
     return queued([=] { inner_->reduce(send, recv, count, dtype, op, root); });
   }
 
+  // A rank that passes a negative color is in no group: null, as from the inner communicator
+  // (node_topology.cpp asks so on the ranks that carry no data between uneven nodes).
   std::shared_ptr<Communicator> split(int color, int key) override {
     std::shared_ptr<Communicator> child;
     thread_->run([&] { child = inner_->split(color, key); });
-    return serialize_on(std::move(child), thread_);
+    return child ? serialize_on(std::move(child), thread_) : nullptr;
   }
   std::shared_ptr<Communicator> split_node() override {
     std::shared_ptr<Communicator> child;

@@ -24,7 +24,9 @@ struct NodeSharedBuffer {
 // and reserves all its pages up front, so a full /dev/shm is an error here rather than a
 // SIGBUS at first write; every rank then maps it, and the name is removed as soon as all have,
 // so nothing outlives the processes. If any rank fails, every rank gets an empty buffer and
-// `why_not` names the rank and the reason.
+// `why_not` names the rank and the reason. If the exchange itself throws (a timeout, a poisoned
+// communicator), the name is removed and the mapping dropped before the error leaves: a failed
+// construction leaves no segment in /dev/shm. (Only a process killed within the exchange can.)
 NodeSharedBuffer map_node_shared(Communicator& node, std::size_t bytes, std::string& why_not);
 
 }  // namespace comm

@@ -1,9 +1,10 @@
-// src/optim/memory_budget.cpp — counting a registration's host buffers, and the check against the machine's memory.
+// src/optim/memory_budget.cpp — counting a registration's host buffers and buckets, and the checks against the machine's memory and kMaxBuckets.
 #include "optim/memory_budget.hpp"
 
 #include <sys/sysinfo.h>
 
 #include <deque>
+#include <string>
 
 #include "core/check.hpp"
 #include "core/flat_buffer.hpp"
@@ -41,6 +42,31 @@ MemoryBudget registration_budget(const OptimizerConfig& config, const ParamTable
   }
   if (stage2) budget.grads += bytes(shard, dtype);  // this rank's reduced shard
   return budget;
+}
+
+void check_bucket_count(const OptimizerConfig& config, const ParamTable& table, const Registration& added, int world) {
+  std::vector<partition::ParamInfo> infos = table.infos();
+  for (const ParamRecord& r : added.records) infos.push_back({r.numel, r.group, r.trainable});
+  // At most 2^56 (registration_budget checked it), the quantum at most 2^35: no overflow below.
+  const int64_t all = partition::checked_total_numel(infos, /*frozen_too=*/true);
+  // Every layout's buffer is at most every parameter, padded to whole aligned shards.
+  const int64_t quantum = kShardAlignment * world;
+  const int64_t buffer = (all + quantum - 1) / quantum * quantum;
+  const DType dtype = added.choice.dtype;
+  const int64_t bucket = bucket_elements(config, dtype);
+  const int64_t buckets = (buffer + bucket - 1) / bucket;
+  if (buckets <= kMaxBuckets) return;
+  const int64_t least_elements = (buffer + kMaxBuckets - 1) / kMaxBuckets;
+  // A bucket is one collective: never more than bucket_elements' cap, whatever bucket_bytes says.
+  OptimizerConfig widest = config;
+  widest.bucket_bytes = INT64_MAX;
+  const bool fits = least_elements <= bucket_elements(widest, dtype);
+  raise(ErrorCode::invalid_argument,
+        "config.bucket_bytes = {} cuts the parameters ({} elements of {} with every parameter trainable) into {} "
+        "buckets of {} elements, more than the {} a step issues; {}",
+        config.bucket_bytes, all, dtype_name(dtype), buckets, bucket, kMaxBuckets,
+        fits ? fmt::format("use a bucket_bytes of at least {}", least_elements * static_cast<int64_t>(dtype_size(dtype)))
+             : std::string("no bucket_bytes makes so many elements fit"));
 }
 
 int64_t host_memory_bytes() {

@@ -1,4 +1,4 @@
-// src/optim/memory_budget.hpp — the host memory a registration's buffers will take on this rank, refused up front when the machine cannot hold it.
+// src/optim/memory_budget.hpp — the host memory a registration's buffers will take on this rank, and the buckets they are cut into, refused up front when too many.
 //
 // An allocation that fails inside a layout rebuild fails on one rank, after the agreement, where
 // the others are already in the rebuild's collectives. So the bytes are counted before, inside
@@ -24,6 +24,11 @@ struct MemoryBudget {
 // the way: Error(invalid_argument) when it cannot be laid out).
 MemoryBudget registration_budget(const OptimizerConfig& config, const ParamTable& table, const Registration& added,
                                  int rank, int world);
+
+// Error(invalid_argument) naming config.bucket_bytes when the buffer of `table` plus `added`,
+// with every parameter trainable (what set_trainable may come to), would be cut into more than
+// kMaxBuckets buckets; checked before the memory, since such a model may also not fit.
+void check_bucket_count(const OptimizerConfig& config, const ParamTable& table, const Registration& added, int world);
 
 // The machine's physical memory plus swap, in bytes (0 when it cannot be told).
 int64_t host_memory_bytes();

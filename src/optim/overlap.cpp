@@ -89,6 +89,7 @@ void OverlapEngine::destroy_events() noexcept {
 bool OverlapEngine::gathers_per_bucket() const { return shard_.sharded() && shard_.node_sharing() == nullptr; }
 
 int OverlapEngine::num_buckets() const {
+  // At most kMaxBuckets (check_bucket_count at registration): fits an int.
   return static_cast<int>((layout().buffer_numel + bucket_numel() - 1) / bucket_numel());
 }
 
@@ -488,10 +489,20 @@ void OverlapEngine::abandon_round() noexcept {
   end_round();
 }
 
-void OverlapEngine::check_no_open_round(const char* what) const {
+void OverlapEngine::check_hand_over_closed(const char* what) const {
   SHARDOPT_CHECK(!open_, invalid_argument,
                  "{}: gradients were handed with grad_ready()/reduce_gradient() but the round was not finished "
                  "with reduce_gradients()",
+                 what);
+}
+
+void OverlapEngine::check_no_open_round(const char* what) const {
+  check_hand_over_closed(what);
+  // The parameters and state are the step's while the step count is not: a save or state dict
+  // would pair them wrongly, a layout change would forget the update and step() apply it again.
+  SHARDOPT_CHECK(!updated_in_round_, invalid_argument,
+                 "{}: config.overlap = per_bucket has already updated this round's buckets in reduce_gradients(), "
+                 "and step() has not yet finished the round; call step() first",
                  what);
 }
 

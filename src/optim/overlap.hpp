@@ -92,6 +92,11 @@ class OverlapEngine {
   void settle_round();
   // After a failed agreement or a failed call: waits for the queued work and forgets the round.
   void abandon_round() noexcept;
+  // `what` may not run while gradients are being handed in (grad_ready/reduce_gradient before
+  // reduce_gradients()): what step() checks.
+  void check_hand_over_closed(const char* what) const;
+  // Also not between reduce_gradients() and step() under per_bucket, whose buckets are updated
+  // by then but not yet counted as a step: what every other collective call checks.
   void check_no_open_round(const char* what) const;
 
   int num_buckets() const;

@@ -61,6 +61,11 @@ inline int64_t bucket_elements(const OptimizerConfig& config, DType dtype) {
   return std::min(kLargest, std::max<int64_t>(kShardAlignment, wanted));
 }
 
+// The most buckets a layout's buffer is cut into (bucket_elements each): every bucket is a
+// collective of each step and a record of each round, and bucket indices travel as int
+// (num_buckets(), the C ABI's int32). Registration refuses more (check_bucket_count).
+constexpr int64_t kMaxBuckets = int64_t{1} << 24;
+
 class ShardState {
  public:
   ShardState(const DeviceContext& dev, const OptimizerConfig& config, const ParamTable& table)

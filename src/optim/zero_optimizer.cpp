@@ -74,6 +74,7 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
     // Sizes the layout cannot hold, or buffers this machine cannot, fail every rank here.
     const optim::MemoryBudget budget =
         optim::registration_budget(im.config, im.table, added, im.dev.rank(), im.dev.world());
+    optim::check_bucket_count(im.config, im.table, added, im.dev.world());
     if (!added.choice.device.is_cuda()) optim::check_budget(budget, optim::host_memory_bytes(), im.dev.rank());
   });
   if (!record.failed()) optim::add_registration_fields(added, first_id, first_group, record);
@@ -303,10 +304,10 @@ double ZeroOptimizer::clip_grad_norm(double max_norm, double norm_type) try {
                    "clip_grad_norm: max_norm must be a finite number >= 0, got {}", max_norm);
     SHARDOPT_CHECK(inf_norm || norm_type == 2.0, invalid_argument,
                    "clip_grad_norm: norm_type {} is not supported (2 or inf)", norm_type);
-    optim::check_no_open_round(im, "clip_grad_norm");
     SHARDOPT_CHECK(!im.overlap.per_bucket(), invalid_argument,
                    "clip_grad_norm: config.overlap = per_bucket updates each bucket as soon as its reduction lands, "
                    "before a norm over all gradients exists, so it cannot clip; use overlap = after_backward");
+    optim::check_no_open_round(im, "clip_grad_norm");
     // This rank's partial: a double and the inf/NaN flag, moved in the record's payload.
     const kernels::GradStats mine = im.step.local_grad_stats(inf_norm);
     record.set_payload(0, comm::double_bits(mine.value));
@@ -356,7 +357,9 @@ void ZeroOptimizer::step(const std::vector<ParamId>& without_grad) try {
   record.field("params without a gradient", sitting_out_text.empty() ? "none" : sitting_out_text);
   // Loss scaling needs to know, on every rank alike, whether any gradient is inf or NaN.
   record.validate([&] {
-    optim::check_no_open_round(im, "step");
+    // (per_bucket's updated buckets are what step() finishes: only the hand-over must be over.)
+    im.reducer.check_no_open_round("step");
+    im.overlap.check_hand_over_closed("step");
     record.set_payload(0, im.step.local_nonfinite() ? 1 : 0);
   });
   // For ranks in join(): how many params sit out, and the state they must step with.
@@ -469,6 +472,7 @@ void ZeroOptimizer::consolidate_state_dict(int to) try {
   AgreementRecord record("consolidate_state_dict");
   record.field("target rank", fmt::format("{}", to));
   record.validate([&] {
+    optim::check_no_open_round(im, "consolidate_state_dict");
     SHARDOPT_CHECK(to >= 0 && to < im.dev.world(), invalid_argument,
                    "consolidate_state_dict: target rank {} is out of range (world size {})", to, im.dev.world());
   });

@@ -57,7 +57,8 @@ struct ZeroOptimizer::Impl {
 ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer);
 
 namespace optim {
-// `what` may not run while a gradient round (plain stage 2, or overlapped) is open.
+// `what` may not run while a gradient round (plain stage 2, or overlapped) is open, nor between
+// reduce_gradients() and step() when per_bucket has updated the buckets: only step() may follow.
 inline void check_no_open_round(ZeroOptimizer::Impl& im, const char* what) {
   im.reducer.check_no_open_round(what);
   im.overlap.check_no_open_round(what);

@@ -215,6 +215,32 @@ TEST_CASE("a numel beyond what a layout holds is refused by name on every rank",
   opt.step();  // still usable, and in step on every rank
 }
 
+TEST_CASE("a bucket_bytes too small for the model is refused by name: every bucket count fits an int", "[errors]") {
+  // bucket_bytes = 1: buckets of 16 elements (the least one holds); 2^36 f32 elements make 2^32
+  // of them, past what num_buckets() counts. Refused before anything is allocated, by name.
+  OptimizerConfig config;
+  config.bucket_bytes = 1;
+  const int64_t numel = int64_t{1} << 36;
+  auto error = error_of([&] { ZeroOptimizer(world(), config, {sized_group({{"w", numel}})}); });
+  REQUIRE(error.first == ErrorCode::invalid_argument);
+  REQUIRE_THAT(error.second, Catch::Contains("config.bucket_bytes = 1 cuts the parameters (68719476736 elements of f32 "
+                                             "with every parameter trainable) into ") &&
+                                 Catch::Contains(" buckets of 16 elements, more than the 16777216 a step issues"));
+  if (world()->size() == 1) {
+    REQUIRE_THAT(error.second, Catch::Contains("into 4294967296 buckets") && Catch::Contains("bucket_bytes of at least 16384"));
+  }
+  // On one rank only, through add_param_group: named on every rank, nothing changes.
+  const int last = world()->size() - 1;
+  ZeroOptimizer opt(world(), config, {sized_group({{"w", 1000}})});
+  const int64_t padded = (1000 + 16 * world()->size() - 1) / (16 * world()->size()) * (16 * world()->size());
+  CHECK(opt.num_buckets() == padded / 16);  // a small model in tiny buckets is fine
+  error = error_of([&] { opt.add_param_group(sized_group({{"big", world()->rank() == last ? numel : 8}})); });
+  require_named_on_every_rank(error, ErrorCode::invalid_argument, "add_param_group", last,
+                              "config.bucket_bytes = 1 cuts the parameters");
+  REQUIRE(opt.num_params() == 1);
+  opt.step();
+}
+
 TEST_CASE("buffers larger than the machine's memory are Error(out_of_memory) on every rank", "[errors]") {
   // 2^40 f32 elements: 4 TiB of parameters, as much of gradients, twice that of Adam's state.
   // Once std::bad_alloc escaped from inside the rebuild, on that rank only.
