@@ -57,6 +57,36 @@ inline std::vector<float> all_params(const shardopt::ZeroOptimizer& opt) {
   return out;
 }
 
+// Every param's bytes, each read after wait_param (forward order, as the next forward would).
+inline std::vector<uint8_t> param_bytes(shardopt::ZeroOptimizer& opt) {
+  std::vector<uint8_t> out;
+  for (shardopt::ParamId id = 0; id < opt.num_params(); ++id) {
+    opt.wait_param(id);
+    const shardopt::TensorRef v = opt.param_view(id);
+    const auto* p = static_cast<const uint8_t*>(v.data);
+    out.insert(out.end(), p, p + v.nbytes());
+  }
+  return out;
+}
+
+// Hands the trainable f32 params' gradients over in backward order (the last param first), as
+// a trainer's backward would: at stage 1 written into grad_view (and grad_ready when
+// overlapped), at stage 2 through reduce_gradient. grad_of(id) gives this rank's gradient.
+template <typename GradOf>
+void hand_gradients_backward(shardopt::ZeroOptimizer& opt, int stage, GradOf&& grad_of) {
+  const bool overlapped = opt.config().overlap != shardopt::OverlapPolicy::off;
+  for (shardopt::ParamId id = opt.num_params() - 1; id >= 0; --id) {
+    if (!opt.trainable(id)) continue;
+    std::vector<float> g = grad_of(id);
+    if (stage == 1) {
+      std::memcpy(opt.grad_view(id).data, g.data(), g.size() * sizeof(float));
+      if (overlapped) opt.grad_ready(id);
+    } else {
+      opt.reduce_gradient(id, shardopt::TensorRef{g.data(), static_cast<int64_t>(g.size())});
+    }
+  }
+}
+
 // Writes seeded_values(seed + id) into every f32 gradient view: the same on every rank.
 inline void write_seeded_grads(shardopt::ZeroOptimizer& opt, uint32_t seed) {
   for (shardopt::ParamId id = 0; id < opt.num_params(); ++id) {

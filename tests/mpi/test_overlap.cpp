@@ -120,17 +120,7 @@ struct Model {
     opt->step();
   }
 
-  // Every param's bytes, each read after wait_param (forward order, as the next forward would).
-  std::vector<uint8_t> bytes() {
-    std::vector<uint8_t> out;
-    for (ParamId id = 0; id < opt->num_params(); ++id) {
-      opt->wait_param(id);
-      const TensorRef v = opt->param_view(id);
-      const auto* p = static_cast<const uint8_t*>(v.data);
-      out.insert(out.end(), p, p + v.nbytes());
-    }
-    return out;
-  }
+  std::vector<uint8_t> bytes() { return shardopt_test::param_bytes(*opt); }
 };
 
 }  // namespace

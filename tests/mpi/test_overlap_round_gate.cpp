@@ -43,29 +43,12 @@ struct Model {
 
   // Hands the gradients over and reduces them: with per_bucket every bucket is updated here.
   void hand_and_reduce(int step) {
-    const bool overlapped = opt->config().overlap != OverlapPolicy::off;
-    for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) {
-      std::vector<float> g = grad_of(world()->rank(), step, static_cast<std::size_t>(i));
-      if (stage == 1) {
-        std::memcpy(opt->grad_view(i).data, g.data(), g.size() * sizeof(float));
-        if (overlapped) opt->grad_ready(i);
-      } else {
-        opt->reduce_gradient(i, TensorRef{g.data(), static_cast<int64_t>(g.size())});
-      }
-    }
+    shardopt_test::hand_gradients_backward(
+        *opt, stage, [&](ParamId i) { return grad_of(world()->rank(), step, static_cast<std::size_t>(i)); });
     opt->reduce_gradients();
   }
 
-  std::vector<uint8_t> bytes() {
-    std::vector<uint8_t> out;
-    for (ParamId id = 0; id < opt->num_params(); ++id) {
-      opt->wait_param(id);
-      const TensorRef v = opt->param_view(id);
-      const auto* p = static_cast<const uint8_t*>(v.data);
-      out.insert(out.end(), p, p + v.nbytes());
-    }
-    return out;
-  }
+  std::vector<uint8_t> bytes() { return shardopt_test::param_bytes(*opt); }
 
   std::vector<int64_t> steps() const {
     std::vector<int64_t> out;
