@@ -275,6 +275,15 @@ class SHARDOPT_API ZeroOptimizer {
   // bucket_view: views into shardopt's flat buffers; external: the caller's buffers.
   TensorRef param_view(ParamId id) const;
   TensorRef grad_view(ParamId id) const;
+  // Shared ownership of the memory behind param_view(id) / grad_view(id), pointing at the
+  // view's first element. While a holder keeps it, that memory stays allocated (a node-shared
+  // buffer: mapped), also after a layout change (set_trainable, add_param_group, a load) has
+  // moved the views elsewhere or the optimizer is gone: a kept view then reads the values of
+  // the moment of the change and is no longer the parameter (fetch a new view). For bindings
+  // that hand views out (Python arrays, DLPack exports). External storage: empty (the buffers
+  // are the caller's). grad_view_owner refuses what grad_view refuses.
+  std::shared_ptr<const void> param_view_owner(ParamId id) const;
+  std::shared_ptr<const void> grad_view_owner(ParamId id) const;
   uint64_t layout_version() const;  // bumps whenever views may have moved (collective calls only)
 
   void zero_grad();

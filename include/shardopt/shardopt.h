@@ -481,6 +481,17 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_param_view(shardopt_optimizer_
                                                              shardopt_tensor* out);
 SHARDOPT_C_API shardopt_status shardopt_optimizer_grad_view(shardopt_optimizer_t opt, int32_t id,
                                                             shardopt_tensor* out);
+/* The same views as DLPack tensors (DLPack 1.x, one dimension, compact, writable) that own a
+ * share of the memory they point into: *out stays valid until the caller calls its deleter, also
+ * after shardopt_optimizer_set_trainable, _add_param_group or a load has moved the views, or the
+ * optimizer was destroyed. Such a kept tensor holds the values of the moment of that change and
+ * is no longer the parameter (export again when shardopt_optimizer_layout_version changes).
+ * bucket_view storage only (SHARDOPT_ERR_INVALID_ARGUMENT with external storage, whose buffers
+ * are the caller's own); the grad export refuses what shardopt_optimizer_grad_view refuses. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_param_view_dlpack(shardopt_optimizer_t opt, int32_t id,
+                                                                    DLManagedTensorVersioned** out);
+SHARDOPT_C_API shardopt_status shardopt_optimizer_grad_view_dlpack(shardopt_optimizer_t opt, int32_t id,
+                                                                   DLManagedTensorVersioned** out);
 /* sorted_greedy: the rank that updates this param; -1 if it straddles ranks or is frozen. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_param_owner(shardopt_optimizer_t opt, int32_t id,
                                                               int32_t* out);

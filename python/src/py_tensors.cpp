@@ -84,7 +84,14 @@ shardopt::TensorRef tensor_ref(const DlpackOwner& t, const std::string& what) {
   return ref;
 }
 
-nb::object view(const shardopt::TensorRef& ref, nb::handle owner) {
+nb::object view(const shardopt::TensorRef& ref, nb::handle optimizer, std::shared_ptr<const void> keeper) {
+  nb::object owner = nb::borrow(optimizer);
+  if (keeper) {
+    // The array owns a share of the buffer, not the optimizer: set_trainable, add_param_group or
+    // a load may replace the buffer, and the array must not point into freed memory then.
+    auto* held = new std::shared_ptr<const void>(std::move(keeper));
+    owner = nb::capsule(held, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+  }
   const std::size_t shape[1] = {static_cast<std::size_t>(ref.numel)};
   nb::dlpack::dtype dtype = nb::dtype<float>();
   if (ref.dtype == shardopt::DType::f16) dtype = nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};

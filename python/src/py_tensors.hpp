@@ -24,9 +24,11 @@ DlpackOwner take_dlpack(nb::handle obj, const std::string& what);
 // The same checks as the C ABI (contiguous, f32/bf16/f16, CPU/CUDA, writable, DLPack 1.x).
 shardopt::TensorRef tensor_ref(const DlpackOwner& t, const std::string& what);
 
-// A view of shardopt's (or the caller's) buffer, kept valid by the optimizer object `owner`:
-// a numpy array for CPU f32/f16, otherwise an array exposing __dlpack__ (torch.from_dlpack).
-nb::object view(const shardopt::TensorRef& ref, nb::handle owner);
+// A view of shardopt's (or the caller's) buffer: a numpy array for CPU f32/f16, otherwise an
+// array exposing __dlpack__ (torch.from_dlpack). `keeper` (ZeroOptimizer::param_view_owner)
+// keeps shardopt's memory alive as long as the array, through layout changes; without one (the
+// caller's external buffers) the array holds the optimizer object `owner`, which holds them.
+nb::object view(const shardopt::TensorRef& ref, nb::handle owner, std::shared_ptr<const void> keeper);
 
 // A numpy array that owns a copy of `values`.
 nb::object numpy_copy(const std::vector<float>& values);

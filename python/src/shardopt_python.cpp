@@ -277,10 +277,21 @@ NB_MODULE(_shardopt, m) {
       .def("param_step", [](const Opt& s, shardopt::ParamId id) { return s.opt->param_step(id); }, "id"_a)
       .def("param_owner", [](const Opt& s, shardopt::ParamId id) { return s.opt->param_owner(id); }, "id"_a)
       .def(
-          "param_view", [](nb::handle self, shardopt::ParamId id) { return view(nb::cast<Opt&>(self).opt->param_view(id), self); },
-          "id"_a, "bucket_view: a view into shardopt's flat buffer (moves when layout_version() changes).")
+          "param_view",
+          [](nb::handle self, shardopt::ParamId id) {
+            const shardopt::ZeroOptimizer& opt = *nb::cast<Opt&>(self).opt;
+            return view(opt.param_view(id), self, opt.param_view_owner(id));
+          },
+          "id"_a,
+          "bucket_view: a view into shardopt's flat buffer (moves when layout_version() changes; a view\n"
+          "kept across set_trainable/add_param_group/load keeps the old buffer alive, with the values of\n"
+          "that moment, but is no longer the parameter: fetch a new one).")
       .def(
-          "grad_view", [](nb::handle self, shardopt::ParamId id) { return view(nb::cast<Opt&>(self).opt->grad_view(id), self); },
+          "grad_view",
+          [](nb::handle self, shardopt::ParamId id) {
+            const shardopt::ZeroOptimizer& opt = *nb::cast<Opt&>(self).opt;
+            return view(opt.grad_view(id), self, opt.grad_view_owner(id));
+          },
           "id"_a, "bucket_view: write gradients here before reduce_gradients()/step().")
       .def("layout_version", [](const Opt& s) { return s.opt->layout_version(); })
       .def("zero_grad", [](Opt& s) { s.opt->zero_grad(); }, nb::call_guard<nb::gil_scoped_release>())

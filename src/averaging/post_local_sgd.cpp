@@ -1,4 +1,5 @@
 // src/averaging/post_local_sgd.cpp — PostLocalSGDOptimizer: gradients averaged over the world in warmup and within the replica after it, then the step and the averager.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -36,9 +37,36 @@ struct PostLocalSGDOptimizer::Impl {
   }
 };
 
+namespace {
+
+// Warmup averages gradients across the replicas with collectives on the caller's thread, while
+// an overlapped optimizer (config.overlap) runs its bucket reductions of the same gradients on
+// its communication thread: two threads in MPI at once (it promises MPI_THREAD_SERIALIZED only)
+// and an in-place all-reduce of memory the other is reading. Refused before anything is built,
+// by name on every rank of the world (the agreement carries one rank's refusal to all).
+void refuse_overlapped_warmup(const std::shared_ptr<Communicator>& world, ZeroOptimizer& optimizer,
+                              const AveragerConfig& config) {
+  SHARDOPT_CHECK(world != nullptr, invalid_argument, "PostLocalSGDOptimizer: the world communicator is null");
+  comm::AgreementRecord record("PostLocalSGDOptimizer");
+  record.validate([&] {
+    const OverlapPolicy overlap = optimizer.config().overlap;
+    const int replica = optimizer_internals(optimizer).dev.world();
+    const bool gradients_cross = config.warmup_steps > 0 && world->size() > replica;
+    SHARDOPT_CHECK(overlap == OverlapPolicy::off || !gradients_cross, unsupported,
+                   "PostLocalSGDOptimizer with an optimizer whose config.overlap is {}: post-local SGD's warmup "
+                   "({} steps) averages gradients across {} replicas on the caller's thread while the overlap's "
+                   "communication thread reduces them; build the optimizer with overlap off (or use warmup_steps 0)",
+                   overlap_policy_name(overlap), config.warmup_steps, world->size() / std::max(1, replica));
+  });
+  comm::agree(*world, record);
+}
+
+}  // namespace
+
 PostLocalSGDOptimizer::PostLocalSGDOptimizer(std::shared_ptr<Communicator> world, ZeroOptimizer& optimizer,
                                              AveragerConfig averager)
-    : impl_(std::make_unique<Impl>(std::move(world), optimizer, std::move(averager))) {}
+    : impl_((refuse_overlapped_warmup(world, optimizer, averager),
+             std::make_unique<Impl>(std::move(world), optimizer, std::move(averager)))) {}
 
 PostLocalSGDOptimizer::~PostLocalSGDOptimizer() = default;
 

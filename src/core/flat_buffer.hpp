@@ -1,4 +1,9 @@
 // src/core/flat_buffer.hpp — a 64-byte-aligned, zero-filled buffer of f32/bf16/f16 elements in host memory or on a CUDA device, owned or over a shared mapping.
+//
+// The memory is held by a shared_ptr: keeper() hands out shared ownership, so a view given to
+// a user (a Python array, a DLPack export) keeps the memory it points into alive after the
+// buffer itself is resized, replaced or destroyed by a layout change. The buffer is move-only:
+// two buffers never alias one allocation by accident.
 #pragma once
 
 #include <cstdint>
@@ -46,24 +51,29 @@ class FlatBuffer {
   // enqueued on `stream`, so work on that stream sees zeros without any device-wide sync.
   FlatBuffer(Device device, void* stream, DType dtype = DType::f32)
       : device_(device), stream_(stream), dtype_(dtype) {}
+  FlatBuffer(const FlatBuffer&) = delete;
+  FlatBuffer& operator=(const FlatBuffer&) = delete;
+  FlatBuffer(FlatBuffer&&) = default;
+  FlatBuffer& operator=(FlatBuffer&&) = default;
 
   // Discards the contents; keeps the buffer's device. The memory is zeroed here, so its pages
   // are touched once at allocation rather than on first use inside a step.
   void resize(int64_t numel) {
     data_.reset();
+    borrowed_ = false;
     numel_ = 0;
     if (numel <= 0) return;
     const std::size_t bytes = allocation_bytes(numel, dtype_);
     if (device_.is_cuda()) {
       // cudaMalloc aligns to at least 256 bytes.
       void* p = device::cuda_allocate_zeroed(device_, bytes, stream_);
-      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, bytes, nullptr});
+      data_ = std::shared_ptr<float>(static_cast<float*>(p), Free{device_, bytes, nullptr});
     } else {
       void* p = std::aligned_alloc(64, bytes);
       SHARDOPT_CHECK(p != nullptr, out_of_memory, "out of memory: allocating a host buffer of {} {} elements ({} bytes)",
                      numel, dtype_name(dtype_), bytes);
       std::memset(p, 0, bytes);
-      data_ = std::unique_ptr<float, Free>(static_cast<float*>(p), Free{device_, bytes, nullptr});
+      data_ = std::shared_ptr<float>(static_cast<float*>(p), Free{device_, bytes, nullptr});
     }
     numel_ = numel;
   }
@@ -71,11 +81,15 @@ class FlatBuffer {
   // aligned, at least the rounded-up size resize() would allocate); `mapping` keeps it alive.
   static FlatBuffer over_mapping(std::shared_ptr<void> mapping, void* data, int64_t numel, DType dtype) {
     FlatBuffer buffer(Device::cpu(), nullptr, dtype);
-    buffer.data_ = std::unique_ptr<float, Free>(static_cast<float*>(data), Free{Device::cpu(), allocation_bytes(numel, dtype), std::move(mapping)});
+    buffer.data_ = std::shared_ptr<float>(static_cast<float*>(data), Free{Device::cpu(), allocation_bytes(numel, dtype), std::move(mapping)});
+    buffer.borrowed_ = true;
     buffer.numel_ = numel;
     return buffer;
   }
-  bool borrowed() const { return static_cast<bool>(data_.get_deleter().mapping); }
+  bool borrowed() const { return borrowed_ && data_ != nullptr; }
+  // Shared ownership of the memory (empty for an empty buffer): it stays allocated (or mapped)
+  // until the buffer and every keeper have let go.
+  std::shared_ptr<const void> keeper() const { return data_; }
   // Bytes resize() allocates for `numel` elements of `dtype`: whole cache lines.
   static std::size_t allocation_bytes(int64_t numel, DType dtype) {
     return (static_cast<std::size_t>(numel) * dtype_size(dtype) + 63) / 64 * 64;
@@ -96,7 +110,8 @@ class FlatBuffer {
 
  private:
   using Free = FlatBufferFree;
-  std::unique_ptr<float, Free> data_;
+  std::shared_ptr<float> data_;
+  bool borrowed_ = false;  // over a mapping someone else allocated
   Device device_ = Device::cpu();
   void* stream_ = nullptr;
   DType dtype_ = DType::f32;

@@ -212,6 +212,19 @@ TensorRef ZeroOptimizer::grad_view(ParamId id) const {
   return TensorRef{impl_->shard.grad_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
 }
 
+std::shared_ptr<const void> ZeroOptimizer::param_view_owner(ParamId id) const {
+  const TensorRef view = param_view(id);
+  if (!impl_->shard.bucket_view()) return nullptr;
+  // Aliasing: owns the whole flat buffer, points at this view.
+  return std::shared_ptr<const void>(impl_->shard.flat_params().keeper(), view.data);
+}
+
+std::shared_ptr<const void> ZeroOptimizer::grad_view_owner(ParamId id) const {
+  const TensorRef view = grad_view(id);
+  if (!impl_->shard.bucket_view()) return nullptr;
+  return std::shared_ptr<const void>(impl_->shard.flat_grads().keeper(), view.data);
+}
+
 uint64_t ZeroOptimizer::layout_version() const { return impl_->shard.layout_version(); }
 
 void ZeroOptimizer::zero_grad() {

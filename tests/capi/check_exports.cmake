@@ -36,6 +36,7 @@ endif()
 foreach(required
     "shardopt_optimizer_create" "shardopt_last_error" "shardopt_tensor_from_dlpack" "shardopt_version"
     "shardopt_optimizer_reduce_gradient" "shardopt_optimizer_reduce_gradient_dlpack"
+    "shardopt_optimizer_param_view_dlpack" "shardopt_optimizer_grad_view_dlpack"
     "shardopt_optimizer_clip_grad_norm" "shardopt_optimizer_loss_scale" "shardopt_optimizer_set_loss_scale"
     "shardopt_optimizer_last_step" "shardopt_default_hyperparams" "shardopt_optimizer_get_defaults"
     "shardopt_model_averager_create" "shardopt_model_averager_average_parameters"
