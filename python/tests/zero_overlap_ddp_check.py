@@ -11,6 +11,7 @@ import lines replaced by one, and the copy checked to differ there alone. At 2 r
   - shardopt's, under mpirun: the DDP hook and the own hooks (the overlap engine), the same digest.
 Exits non-zero on a failure.
 """
+import itertools
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zero_tutorial_check import RANKS, mpirun, torchrun
+from zero_tutorial_check import CAPTURE, RANKS, mpirun, torchrun
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "zero_overlap_ddp.py"
 TORCH_IMPORTS = (
@@ -41,8 +42,9 @@ def shardopt_variant(workdir):
     return path
 
 
-def run(name, command, expect_failure=False):
-    """One launch; returns {rank: (params sum, digest)} from its output."""
+def run(name, command, output, expect_failure=False):
+    """One launch; returns {rank: (params sum, digest)} from the ranks' own output files
+    (output.<rank>: the launchers may interleave the ranks' lines)."""
     start = time.monotonic()
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     seconds = time.monotonic() - start
@@ -52,27 +54,37 @@ def run(name, command, expect_failure=False):
     if result.returncode != 0:
         print(result.stdout, flush=True)
         raise AssertionError(f"{name}: exit status {result.returncode}")
-    found = re.findall(r"rank (\d+): params sum is: (\S+) digest (\w+)", result.stdout)
+    text = "".join(Path(f"{output}.{r}").read_text() for r in range(RANKS) if Path(f"{output}.{r}").exists())
+    found = re.findall(r"^rank (\d+): params sum is: (\S+) digest ([0-9a-f]{16})$", text, re.M)
     values = {int(r): (float(s), d) for r, s, d in found}
     print(f"{name}: {seconds:.1f} s, {values}", flush=True)
-    assert sorted(values) == list(range(RANKS)), f"{name}: not every rank printed its parameters:\n{result.stdout}"
+    assert sorted(values) == list(range(RANKS)), f"{name}: not every rank printed its parameters:\n{text}\n{result.stdout}"
     return values
 
 
 def main():
     failures = []
     with tempfile.TemporaryDirectory() as workdir:
-        theirs = run("torch's classes, DDP hook, torchrun (gloo)",
-                     torchrun([str(EXAMPLE)], workdir), expect_failure=True)
+        capture = Path(workdir) / "capture.py"  # each rank's stdout into a file of its own
+        capture.write_text(CAPTURE)
+
+        launches = itertools.count()
+
+        def launch(launcher, script, *args):
+            output = str(Path(workdir) / f"out{next(launches)}")
+            script_args = [str(capture), output, str(script), *args]
+            return (torchrun(script_args, workdir) if launcher == "torchrun" else mpirun(script_args)), output
+
+        runs = {}
+        command, output = launch("torchrun", EXAMPLE)
+        theirs = run("torch's classes, DDP hook, torchrun (gloo)", command, output, expect_failure=True)
         if theirs.returncode == 0 or "NCCL" not in theirs.stdout:
             failures.append("torch's own overlap pattern was expected to refuse gloo")
-        variant = str(shardopt_variant(workdir))
-        runs = {}
-        for mode in ("ddp_hook", "own_hooks", "none"):
-            runs[f"torchrun {mode}"] = run(f"shardopt, torchrun, --overlap {mode}",
-                                           torchrun([variant, "--overlap", mode], workdir))
-        for mode in ("ddp_hook", "own_hooks"):
-            runs[f"mpirun {mode}"] = run(f"shardopt, mpirun, --overlap {mode}", mpirun([variant, "--overlap", mode]))
+        variant = shardopt_variant(workdir)
+        for launcher, modes in (("torchrun", ("ddp_hook", "own_hooks", "none")), ("mpirun", ("ddp_hook", "own_hooks"))):
+            for mode in modes:
+                command, output = launch(launcher, variant, "--overlap", mode)
+                runs[f"{launcher} {mode}"] = run(f"shardopt, {launcher}, --overlap {mode}", command, output)
         expected = runs["torchrun none"][0][1]
         for name, values in runs.items():
             for rank, (_, digest) in values.items():
