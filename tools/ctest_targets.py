@@ -5,12 +5,13 @@
 
 Each group of filter arguments (e.g. ``-L unit -LE mpi``) is one `ctest --show-only=json-v1`
 selection of the configured BUILD_DIR; the union of their tests is taken. A target is printed
-when the program it builds (by name) appears anywhere in a selected test's command line: run
-directly, through mpiexec, or as an argument of a script. Fails when a selection is empty, or
+when the program it builds (by name) appears anywhere in a selected test's command line (read
+from the CTestTestfile.cmake files): run directly, through mpiexec, or as an argument of a script. Fails when a selection is empty, or
 when no target matches, rather than letting the build stage build nothing.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -39,26 +40,46 @@ def executable_targets(build_dir):
     return names
 
 
+ADD_TEST = re.compile(r'^add_test\((?:\[=\[(.*?)\]=\]|([^\s"]+))\s+(.*)\)\s*$')
+
+
+def test_commands(build_dir):
+    """{test name: the words of its command} from the CTestTestfile.cmake files CMake wrote.
+    (ctest's JSON leaves a command out while its program is not built yet, which is exactly
+    when this is asked.)"""
+    commands = {}
+    for folder, _, files in os.walk(build_dir):
+        if "CTestTestfile.cmake" not in files:
+            continue
+        with open(os.path.join(folder, "CTestTestfile.cmake")) as f:
+            for line in f:
+                match = ADD_TEST.match(line.strip())
+                if match:
+                    name = match.group(1) or match.group(2)
+                    commands[name] = re.findall(r'"((?:[^"\\]|\\.)*)"', match.group(3))
+    return commands
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     build_dir = sys.argv[1]
     targets = executable_targets(build_dir)
+    commands = test_commands(build_dir)
     wanted = set()
     for group in selections(sys.argv[2:]):
         shown = subprocess.run(["ctest", "--test-dir", build_dir, "--show-only=json-v1", *group], check=True,
                                stdout=subprocess.PIPE, text=True).stdout
-        tests = json.loads(shown).get("tests", [])
-        if not tests:
+        names = [test["name"] for test in json.loads(shown).get("tests", [])]
+        if not names:
             print(f"ctest_targets: no test matches {' '.join(group)}", file=sys.stderr)
             return 1
-        for test in tests:
-            for word in test.get("command", []):
+        for name in names:
+            for word in commands.get(name, []):
                 for piece in word.replace("=", " ").split():
-                    name = os.path.basename(piece)
-                    if name in targets:
-                        wanted.add(name)
+                    if os.path.basename(piece) in targets:
+                        wanted.add(os.path.basename(piece))
     if not wanted:
         print("ctest_targets: the selected tests run no program of this build", file=sys.stderr)
         return 1
