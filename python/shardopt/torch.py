@@ -122,7 +122,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         self._ddp_buckets = []  # this backward's DDP buckets: (params, their hook's future)
         self._warned_step = False
         comm = _communicator(process_group)
-        self._comm = comm
         self.process_group = process_group
         self.rank, self.world_size = comm.rank, comm.size
         super().__init__(params, full_defaults)
@@ -298,16 +297,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             return
         # The gradients DDP averaged (its buckets' futures): the non-overlapped step's input.
         averaged = averaged_grads(buckets)
-        self._sync_hyperparams()
-        without_grad = []
-        for index, (p, buffer) in enumerate(zip(self._params, self._grads)):
-            grad = averaged.get(id(p))
-            if grad is None:
-                without_grad.append(index)
-                buffer.zero_()
-            else:
-                buffer.copy_(grad)
-        self._zero.step(without_grad=without_grad)
+        self._zero.step(without_grad=self._gather_grads(lambda p: averaged.get(id(p))))
 
     def _step_now(self, loss):
         if self._buckets is not None:
@@ -354,20 +344,22 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     def join_process_group(self):
         return self.process_group if self.process_group is not None else dist.group.WORLD
 
-    def _gather_grads(self):
-        """The params' .grad into the buffers shardopt reads; returns the indices without one."""
+    def _gather_grads(self, grad_of=lambda p: p.grad):
+        """Each param's gradient (its .grad, or what grad_of gives) into the buffers shardopt
+        reads; returns the indices without one."""
         self._sync_hyperparams()
         without_grad = []
         for index, (p, buffer) in enumerate(zip(self._params, self._grads)):
-            if p.grad is None:
+            grad = grad_of(p)
+            if grad is None:
                 without_grad.append(index)
                 if index not in self._zeroed:  # unread by the update; zeroed for what reads every gradient
                     buffer.zero_()
                     self._zeroed.add(index)
-            elif p.grad.is_sparse:
+            elif grad.is_sparse:
                 raise RuntimeError("shardopt.torch.ZeroRedundancyOptimizer does not support sparse gradients")
             else:
-                buffer.copy_(p.grad)
+                buffer.copy_(grad)
                 self._zeroed.discard(index)
         return without_grad
 
