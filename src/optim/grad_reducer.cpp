@@ -249,13 +249,6 @@ uint64_t GradReducer::finish_round() {
   return order;
 }
 
-void GradReducer::check_no_open_round(const char* what) const {
-  SHARDOPT_CHECK(handed_count_ == 0, invalid_argument,
-                 "{}: gradients were handed with reduce_gradient() but the round was not finished with "
-                 "reduce_gradients()",
-                 what);
-}
-
 void GradReducer::end_round() {
   finish_in_flight();
   round_open_ = false;

@@ -22,8 +22,6 @@ class GradReducer {
   // Stage 2, bucket view: copies param `id`'s local gradient into its buckets, reducing each
   // bucket it completes. Checks the argument first.
   void hand(ParamId id, const TensorRef& grad);
-  // A stage-2 round that has begun must be finished by reduce_gradients() before `what`.
-  void check_no_open_round(const char* what) const;
   // Forgets buckets, hand-overs and staging (for a layout change, which needs no open round).
   void reset();
   int64_t staging_bytes() const;

@@ -8,7 +8,7 @@
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "optim/agreement_fields.hpp"
-#include "optim/hyperparams.hpp"
+#include "optim/round_gate.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -21,12 +21,11 @@ comm::Agreed agree_shadowing(ZeroOptimizer::Impl& im, comm::AgreementRecord& rec
 
 // The record a rank in join() offers before it knows the active ranks' call: every number any
 // shadowed call may need from it.
+// The pass's first record enters the gate (the caller must come in between rounds); within a
+// pass the round this rank opened by handing zeros stays open until the active ranks finish it.
 comm::AgreementRecord shadow_record(ZeroOptimizer::Impl& im, bool first) {
-  comm::AgreementRecord record("join");
+  comm::AgreementRecord record = first ? enter(im, GateCall::join) : continue_record("join");
   record.validate([&] {
-    // Within a pass the round this rank opened by handing zeros stays open until the active
-    // ranks finish it; the caller must not come in with one of its own.
-    if (first) check_no_open_round(im, "join");
     const kernels::GradStats two = im.step.local_grad_stats(false);
     const kernels::GradStats inf = im.step.local_grad_stats(true);
     record.set_payload(kShadowNormTwo, comm::double_bits(two.value));
@@ -41,12 +40,8 @@ comm::AgreementRecord shadow_record(ZeroOptimizer::Impl& im, bool first) {
 // same collectives as the active ranks.
 // config.overlap: a round the active ranks opened (`agreed`), with zeros for every bucket.
 void shadow_open_overlapped(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
-  if (im.overlap.per_bucket()) {
-    check_shadows_step_state(agreed);
-    im.async_save.wait_for_sources();  // the buckets' updates start in this round
-  }
-  prepare_reduction(im, agreed);
-  im.overlap.open_round(agreed, /*explicit_hand_over=*/false);
+  if (im.overlap.per_bucket()) im.async_save.wait_for_sources();  // the buckets' updates start in this round
+  begin_overlapped_round(im, agreed, /*explicit_hand_over=*/false);
   im.overlap.hand_zeros();
 }
 
@@ -59,7 +54,7 @@ void shadow_reduce_overlapped(ZeroOptimizer::Impl& im, const comm::Agreed& agree
     if (!im.overlap.round_open()) {
       shadow_open_overlapped(im, agreed);
       im.overlap.close_hand_over();
-      comm::AgreementRecord handed("reduce_gradients");
+      comm::AgreementRecord handed = continue_record("reduce_gradients");
       agree_shadowing(im, handed);
     } else {
       im.overlap.close_hand_over();
@@ -67,6 +62,7 @@ void shadow_reduce_overlapped(ZeroOptimizer::Impl& im, const comm::Agreed& agree
     im.overlap.settle_round();
   } catch (...) {
     im.overlap.abandon_round();
+    im.step.release_round_hyperparams();
     throw;
   }
 }
@@ -86,7 +82,7 @@ void shadow_reduce_gradients(ZeroOptimizer::Impl& im, const comm::Agreed& agreed
   }
   im.reducer.reduce_all();
   if (!im.shard.stage2()) return;
-  comm::AgreementRecord handed("reduce_gradients");
+  comm::AgreementRecord handed = continue_record("reduce_gradients");
   agree_shadowing(im, handed);  // the active ranks' hand-over order check
 }
 
@@ -108,36 +104,6 @@ void shadow_step(ZeroOptimizer::Impl& im, const comm::Agreed& agreed, double agr
 
 }  // namespace
 
-void add_step_fields(ZeroOptimizer::Impl& im, comm::AgreementRecord& record) {
-  for (int g = 0; g < im.table.num_groups(); ++g) {
-    const Hyperparams& h = im.table.groups()[static_cast<std::size_t>(g)];
-    record.validate([&] { validate_hyperparams(h, im.config.algorithm, g); });
-    add_group_fields(h, g, record);
-  }
-  record.field("loss scale", fmt::format("{}", im.step.loss_scale()));
-  // Layout changes are collective, so equal versions mean equal layouts (and trainable flags).
-  record.field("layout version", fmt::format("{}", im.shard.layout_version()));
-}
-
-uint64_t step_state_hash(ZeroOptimizer::Impl& im) {
-  comm::AgreementRecord record("step");
-  add_step_fields(im, record);
-  uint64_t h = comm::fnv1a("step state");
-  for (uint64_t field : record.hashes()) h = (h ^ field) * 1099511628211ull;
-  return h;
-}
-
-void check_shadows_step_state(const comm::Agreed& agreed) {
-  const uint64_t expected = agreed.payloads[static_cast<std::size_t>(agreed.reference)][kStepStateHash];
-  for (std::size_t r = 0; r < agreed.payloads.size(); ++r) {
-    SHARDOPT_CHECK(!agreed.shadowing[r] || agreed.payloads[r][kStepStateHash] == expected, mismatch,
-                   "step: rank {} is in join() with other hyperparameters, loss scale or layout than the active "
-                   "rank {}: a rank in join() steps with the values it had when it joined, so they must not change "
-                   "until every rank has left join()",
-                   r, agreed.reference);
-  }
-}
-
 std::vector<kernels::GradStats> clip_parts(ZeroOptimizer::Impl& im, const comm::Agreed& agreed, bool inf_norm) {
   std::vector<kernels::GradStats> parts;
   for (std::size_t r = 0; r < agreed.payloads.size(); ++r) {
@@ -151,12 +117,6 @@ std::vector<kernels::GradStats> clip_parts(ZeroOptimizer::Impl& im, const comm::
     }
   }
   return parts;
-}
-
-void prepare_reduction(ZeroOptimizer::Impl& im, const comm::Agreed& agreed) {
-  const int active = agreed.active();
-  im.dev.set_gradient_divisor(im.config.divide_by_initial_world_size ? im.dev.world() : active);
-  im.reducer.set_deferred(active < im.dev.world());
 }
 
 bool shadow_until_step(ZeroOptimizer::Impl& im) {

@@ -99,12 +99,6 @@ int64_t OverlapEngine::staging_bytes() const {
   return bytes;
 }
 
-void OverlapEngine::check_can_open() const {
-  SHARDOPT_CHECK(!updated_in_round_, invalid_argument,
-                 "config.overlap = per_bucket: the last round's buckets were already updated; call step() before "
-                 "handing the next round's gradients");
-}
-
 void OverlapEngine::open_round(const comm::Agreed& agreed, bool explicit_hand_over) {
   const device::ScopedDevice scope(dev_.device());
   ensure_events();
@@ -487,23 +481,6 @@ void OverlapEngine::abandon_round() noexcept {
   if (thread_) thread_->drain();
   updated_in_round_ = false;
   end_round();
-}
-
-void OverlapEngine::check_hand_over_closed(const char* what) const {
-  SHARDOPT_CHECK(!open_, invalid_argument,
-                 "{}: gradients were handed with grad_ready()/reduce_gradient() but the round was not finished "
-                 "with reduce_gradients()",
-                 what);
-}
-
-void OverlapEngine::check_no_open_round(const char* what) const {
-  check_hand_over_closed(what);
-  // The parameters and state are the step's while the step count is not: a save or state dict
-  // would pair them wrongly, a layout change would forget the update and step() apply it again.
-  SHARDOPT_CHECK(!updated_in_round_, invalid_argument,
-                 "{}: config.overlap = per_bucket has already updated this round's buckets in reduce_gradients(), "
-                 "and step() has not yet finished the round; call step() first",
-                 what);
 }
 
 void OverlapEngine::wait_bucket(int bucket) {

@@ -68,8 +68,8 @@ class OverlapEngine {
   void check_device_path() const;
   bool per_bucket() const { return config_.overlap == OverlapPolicy::per_bucket; }
   bool round_open() const { return open_; }
-  // Inside a round's opening agreement: per_bucket needs step() between two rounds.
-  void check_can_open() const;
+  // per_bucket: reduce_gradients() updated the round's buckets; step() has not finished it.
+  bool buckets_updated() const { return updated_in_round_; }
   // After the round's opening agreement (`agreed`: who contributes). `explicit_hand_over`:
   // opened by grad_ready/reduce_gradient, whose completion order is the one learned.
   void open_round(const comm::Agreed& agreed, bool explicit_hand_over);
@@ -92,13 +92,6 @@ class OverlapEngine {
   void settle_round();
   // After a failed agreement or a failed call: waits for the queued work and forgets the round.
   void abandon_round() noexcept;
-  // `what` may not run while gradients are being handed in (grad_ready/reduce_gradient before
-  // reduce_gradients()): what step() checks.
-  void check_hand_over_closed(const char* what) const;
-  // Also not between reduce_gradients() and step() under per_bucket, whose buckets are updated
-  // by then but not yet counted as a step: what every other collective call checks.
-  void check_no_open_round(const char* what) const;
-
   int num_buckets() const;
   int64_t staging_bytes() const;  // stage 2: the buckets assembled for reduction
   // The host waits for the bucket's queued work; on a device the compute stream (not the host)

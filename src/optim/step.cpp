@@ -79,7 +79,19 @@ bool Step::local_nonfinite() {
   return local_grad_stats(/*inf_norm=*/true).nonfinite;
 }
 
+void Step::hold_round_hyperparams() { held_.assign(table_.groups().begin(), table_.groups().end()); }
+
+const Hyperparams& Step::hyper(int group) const {
+  const auto g = static_cast<std::size_t>(group);
+  return g < held_.size() ? held_[g] : table_.groups()[g];
+}
+
 void Step::run(bool any_nonfinite, double agree_seconds) {
+  // The round's held hyperparameters end with its step, whatever happens in it.
+  struct Release {
+    Step& step;
+    ~Release() { step.release_round_hyperparams(); }
+  } release{*this};
   // Params without a gradient this step leave the update runs for this step only, and come
   // back even when the step fails.
   bool any_sitting_out = false;
@@ -168,7 +180,7 @@ void Step::update_range(int64_t lo, int64_t hi) {
     run.grad += span_bytes(skip, dt);
     run.first_index += skip;
     const ParamRecord& p = table_.params()[static_cast<std::size_t>(run.first_param)];
-    const Hyperparams& h = table_.groups()[static_cast<std::size_t>(p.group)];
+    const Hyperparams& h = hyper(p.group);
     auto at = [&](std::size_t kind) {
       return shard_.state()[kind].empty() ? nullptr : shard_.state_data(kind) + run.shard_offset;
     };
@@ -214,7 +226,7 @@ void Step::advance_steps() {
     if (!p.trainable || p.sits_out_step) continue;
     ++p.step;
     // torch keeps a momentum buffer through steps taken with momentum 0 and resumes it.
-    if (sgd && !p.has_momentum_buffer && table_.groups()[static_cast<std::size_t>(p.group)].momentum != 0.0) {
+    if (sgd && !p.has_momentum_buffer && hyper(p.group).momentum != 0.0) {
       p.has_momentum_buffer = true;
       buffers_created = true;
     }

@@ -39,6 +39,13 @@ class Step {
   // The update of this rank's shard elements [lo, hi) with the current step's scalars (no loss
   // scale, no clipping armed): the overlap engine's per-bucket update, on its thread.
   void update_part(int64_t lo, int64_t hi) { update_range(lo, hi); }
+  // per_bucket: the hyperparameters the ranks agreed on when the round opened, held for the
+  // round: its buckets' updates (on the communication thread) and step() use them, so a change
+  // made through hyperparams(g) meanwhile reaches the next round whole, never half a round.
+  void hold_round_hyperparams();
+  void release_round_hyperparams() { held_.clear(); }
+  // The values a step uses: the held ones within a per_bucket round, else the table's.
+  const Hyperparams& hyper(int group) const;
 
   double loss_scale() const { return scale_; }
   int64_t growth_tracker() const { return growth_tracker_; }
@@ -67,6 +74,7 @@ class Step {
   StepReport report_;
   core::FlatBuffer stats_scratch_;  // on a device: two doubles of gradient statistics, then the workspace
   UpdateDriver driver_;
+  std::vector<Hyperparams> held_;
 };
 
 }  // namespace optim

@@ -10,6 +10,7 @@
 #include "optim/overlap.hpp"
 #include "optim/param_sync.hpp"
 #include "optim/param_table.hpp"
+#include "optim/round_gate.hpp"
 #include "optim/shard_state.hpp"
 #include "optim/step.hpp"
 #include "shardopt/checkpoint.hpp"
@@ -45,6 +46,8 @@ struct ZeroOptimizer::Impl {
   optim::Step step;
   // Declared after the buffers its queued work reads and writes: destroyed (drained) first.
   optim::OverlapEngine overlap;
+  // The round state the parts above do not hold themselves (round_gate.hpp).
+  optim::RoundGate gate;
   // consolidate_state_dict(to)'s result, on rank `to` only.
   std::optional<StateDict> consolidated;
   // How checkpoints stage state between the buffers above and the host (tests set it).
@@ -57,11 +60,9 @@ struct ZeroOptimizer::Impl {
 ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer);
 
 namespace optim {
-// `what` may not run while a gradient round (plain stage 2, or overlapped) is open, nor between
-// reduce_gradients() and step() when per_bucket has updated the buckets: only step() may follow.
+// `what` (an averaging call) may run only between rounds: the gate's rule for averaging.
 inline void check_no_open_round(ZeroOptimizer::Impl& im, const char* what) {
-  im.reducer.check_no_open_round(what);
-  im.overlap.check_no_open_round(what);
+  check_legal(im, GateCall::average_parameters, what);
 }
 }  // namespace optim
 

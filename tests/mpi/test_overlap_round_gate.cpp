@@ -148,3 +148,42 @@ TEST_CASE("after_backward: a save between reduce_gradients and step is still tak
   world()->barrier();
   if (world()->rank() == 0) std::filesystem::remove_all(dir);
 }
+
+// Hands the gradients of `step` over backward, calling `midway` after the first half.
+void hand_with_midway(Model& m, int step, const std::function<void()>& midway) {
+  int handed = 0;
+  shardopt_test::hand_gradients_backward(*m.opt, m.stage, [&](ParamId i) {
+    if (handed++ == static_cast<int>(kSizes.size()) / 2) midway();
+    return grad_of(world()->rank(), step, static_cast<std::size_t>(i));
+  });
+}
+
+TEST_CASE("per_bucket: a hyperparameter change inside a round reaches the next round whole", "[overlap][gate]") {
+  // The reference changes the learning rate after step(); per_bucket changes it in the middle
+  // of the hand-over (buckets already updating on the communication thread) or between
+  // reduce_gradients() and step(): every bucket of the round must still take the old value,
+  // and the next round the new one.
+  for (int stage : {1, 2}) {
+    for (int where = 0; where < 2; ++where) {
+      INFO("stage " << stage << (where == 0 ? ", during the hand-over" : ", after reduce_gradients"));
+      Model plain(stage, OverlapPolicy::off);
+      Model m(stage, OverlapPolicy::per_bucket);
+      for (int step = 0; step < 4; ++step) {
+        const double lr = 1e-2 * (step + 1);
+        plain.hand_and_reduce(step);
+        plain.opt->step();
+        plain.opt->hyperparams(0).lr = lr;
+        const auto change = [&] { m.opt->hyperparams(0).lr = lr; };
+        if (where == 0) {
+          hand_with_midway(m, step, change);
+          m.opt->reduce_gradients();
+        } else {
+          m.hand_and_reduce(step);
+          change();
+        }
+        m.opt->step();
+        REQUIRE(m.bytes() == plain.bytes());
+      }
+    }
+  }
+}
