@@ -16,7 +16,8 @@ fi
 CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDOPT_WITH_CUDA=OFF \
   -DSHARDOPT_SANITIZE_THREAD=ON -DSHARDOPT_BUILD_TOOLS=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target shardopt-unit-tests shardopt-checkpoint-tests shardopt-mpi-tests \
-  shardopt-overlap-tests
+  shardopt-overlap-tests shardopt-overlap-round-gate-tests shardopt-join-tests shardopt-averaging-tests \
+  shardopt-post-local-sgd-overlap-tests shardopt-node-sharing-overlap-tests
 
 # ignore_noninstrumented_modules: accesses inside libomp and libmpi themselves are not ours to
 # judge (Archer supplies OpenMP's ordering); the suppressions name what remains of them.
@@ -34,5 +35,11 @@ mpirun --oversubscribe -np 2 -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests
 for np in 2 3; do
   echo "== tsan: overlap tests (communication thread), $np ranks"
   mpirun --oversubscribe -np "$np" -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/mpi/shardopt-overlap-tests"
+done
+# The features that meet on the communication thread: overlap with Join, with per_bucket's held
+# hyperparameters and the round gate, with post-local SGD and averaging, with node sharing.
+for program in overlap-round-gate join averaging post-local-sgd-overlap node-sharing-overlap; do
+  echo "== tsan: $program tests, 2 ranks"
+  mpirun --oversubscribe -np 2 -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/mpi/shardopt-$program-tests"
 done
 echo "tsan: no reports"
