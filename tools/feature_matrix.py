@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""tools/feature_matrix.py — the feature matrix's one source: its dimensions, the all-pairs selection, the combinations file the test reads, and the compatibility table written from the test's outcomes.
+
+  feature_matrix.py write            writes tests/matrix/combinations.txt
+  feature_matrix.py check            exits 1 when that file is not what `write` would write
+  feature_matrix.py table OUTCOMES…  writes docs/feature_matrix.md from the test's outcome files
+                                     (build/tests/matrix/outcomes_np*.txt)
+
+Every combination either steps bitwise like the plain reference run of the same program
+(overlap off, stage 1, flat, node sharing off: the implementation dimensions at their first
+value, the semantic ones as the combination has them, same world size) or is refused by name
+on every rank by a constructor. A combination marked known failing below does neither today:
+the test runs it and asserts it still fails the same way, so a fix shows up as a test failure
+that asks for the mark to go.
+"""
+import itertools
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMBINATIONS = os.path.join(ROOT, "tests", "matrix", "combinations.txt")
+TABLE = os.path.join(ROOT, "docs", "feature_matrix.md")
+
+# Implementation choices: must not change the results. The first value is the reference's.
+IMPLEMENTATION = [
+    ("overlap", ["off", "after_backward", "per_bucket"]),
+    ("stage", ["1", "2"]),
+    ("partition", ["flat", "sorted_greedy"]),
+    # off: node_shared_params false; on: every rank of the machine one node; uneven: nodes of
+    # ranks_per_node ranks that do not divide the world (2 at np 3, 3 at np 4).
+    ("nodes", ["off", "on", "uneven"]),
+]
+# Program semantics: the reference runs the same.
+SEMANTICS = [
+    ("dtype", ["f32", "bf16"]),
+    # replicas1: post-local SGD over one-rank replicas (period 2, no warmup); replicas2: over
+    # two-rank replicas (period 2, warmup 1); outer: one-rank replicas with the outer optimizer.
+    ("local_sgd", ["off", "replicas1", "replicas2", "outer"]),
+    # on: even world ranks train 3 batches, odd ones 5, then each calls join().
+    ("join", ["off", "on"]),
+    # After step 1 (every rank); the second half (wait_save, thaw) after step 2.
+    ("mid_op", ["none", "save_load", "save_async", "consolidate", "set_trainable", "add_param_group"]),
+    ("lr_change", ["no", "yes"]),  # every group's lr halved before step 2
+]
+WORLD = [("np", ["2", "3", "4"])]
+DIMENSIONS = WORLD + IMPLEMENTATION + SEMANTICS
+
+
+def valid(assignment):
+    """Whether a (partial) assignment {dimension: value} can be run at all."""
+    np_ = assignment.get("np")
+    if np_ == "2" and assignment.get("nodes") == "uneven":
+        return False  # two ranks make no uneven nodes
+    if np_ == "3" and assignment.get("local_sgd") == "replicas2":
+        return False  # three ranks make no two-rank replicas
+    return True
+
+
+# Known failing today: (condition on the combination, failure tokens, reason). A token
+# "phase:code" is where a run stopped and the error code it raised there, expected of the
+# reference run and the variant alike (a failure of the program's semantics); "variant@phase:code"
+# of the variant alone. The test prints the signature it saw for every failing combination.
+KNOWN_FAILING = [
+    ({"local_sgd": "outer", "mid_op": ["set_trainable", "add_param_group"]}, ["step2.step:invalid_argument"],
+     "a layout change under the outer optimizer is refused late, by the next averaging step "
+     "(average_parameters: 'the optimizer's layout changed ... build a new averager'), not by a constructor "
+     "or at the layout change"),
+    ({"local_sgd": "replicas2", "join": "on"}, ["join:invalid_argument", "step3.step:invalid_argument"],
+     "Join under post-local SGD is refused late, at the first averaging while a replica's rank is joined "
+     "(average_parameters(): 'rank 0 is in join()'), on the joined rank inside join() and on its replica peer "
+     "inside step()"),
+    ({"local_sgd": ["replicas1", "outer"], "join": "on"}, ["step4.step:timeout"],
+     "Join under post-local SGD over one-rank replicas: join() returns at once on the joined (one-rank) replica, "
+     "which leaves; the active ranks' next averaging over the world waits for it and ends as Error(timeout) "
+     "after timeout_seconds, no named refusal"),
+]
+
+
+def is_reference(row):
+    return all(row[d] == v[0] for d, v in IMPLEMENTATION)
+
+
+def signature(row, tokens):
+    """The signature the test prints: sorted run@phase:code tokens joined by ';'."""
+    runs = ["variant"] if is_reference(row) else ["reference", "variant"]
+    out = set()
+    for t in tokens:
+        out.update([t] if "@" in t else [f"{run}@{t}" for run in runs])
+    return ";".join(sorted(out))
+
+
+def matches(condition, assignment):
+    """Whether every dimension of `condition` is assigned one of its values."""
+    return all(k in assignment and assignment[k] in (v if isinstance(v, (list, tuple)) else [v])
+               for k, v in condition.items())
+
+
+def all_pairs():
+    """A deterministic greedy all-pairs selection: every valid pair of values of two dimensions
+    appears in at least one combination that is not known failing, unless the pair is itself a
+    known-failing condition (then in one that is): a failing run checks nothing else, so its
+    other pairs are covered again by runs that do."""
+    names = [d for d, _ in DIMENSIONS]
+    values = dict(DIMENSIONS)
+    rules = [condition for condition, _, _ in KNOWN_FAILING]
+
+    def assignment(row):
+        return {names[k]: x for k, x in row.items()}
+
+    def failing(row):
+        return any(matches(r, assignment(row)) for r in rules)
+
+    uncovered = set()
+    for a, b in itertools.combinations(range(len(names)), 2):
+        for va in values[names[a]]:
+            for vb in values[names[b]]:
+                if valid({names[a]: va, names[b]: vb}):
+                    uncovered.add(((a, va), (b, vb)))
+    rows = []
+    while uncovered:
+        (a, va), (b, vb) = min(uncovered, key=lambda p: (p[0][0], values[names[p[0][0]]].index(p[0][1]),
+                                                         p[1][0], values[names[p[1][0]]].index(p[1][1])))
+        row = {a: va, b: vb}
+        allow_failing = failing(row)
+        for d in range(len(names)):
+            if d in row:
+                continue
+            best, best_gain = None, -1
+            for v in values[names[d]]:
+                trial = dict(row)
+                trial[d] = v
+                if not valid(assignment(trial)) or (failing(trial) and not allow_failing):
+                    continue
+                gain = sum(1 for k, x in row.items()
+                           if ((min(k, d), x if k < d else v), (max(k, d), v if k < d else x)) in uncovered)
+                if gain > best_gain:
+                    best, best_gain = v, gain
+            row[d] = best
+        row_fails = failing(row)
+        for a2, b2 in itertools.combinations(range(len(names)), 2):
+            pair = ((a2, row[a2]), (b2, row[b2]))
+            if not row_fails or failing(dict(pair)):
+                uncovered.discard(pair)
+        rows.append({names[d]: row[d] for d in range(len(names))})
+    rows.sort(key=lambda r: [int(r["np"])] + [values[n].index(r[n]) for n in names[1:]])
+    return rows
+
+
+def known_failing(row):
+    for condition, tokens, reason in KNOWN_FAILING:
+        if matches(condition, row):
+            return signature(row, tokens), reason
+    return None
+
+
+def combinations_text():
+    rows = all_pairs()
+    names = [d for d, _ in DIMENSIONS]
+    lines = ["# tests/matrix/combinations.txt — written by tools/feature_matrix.py (do not edit): "
+             f"{len(rows)} combinations covering every valid pair of the dimensions' values.",
+             "# expect=ok: bitwise the reference run, or refused by name at construction on every rank;",
+             "# expect=known_failing:<signature>: fails that way today (the reason follows the '#')."]
+    for i, row in enumerate(rows):
+        fields = " ".join(f"{n}={row[n]}" for n in names)
+        mark = known_failing(row)
+        expect = "ok" if mark is None else "known_failing:" + mark[0]
+        line = f"c{i + 1:02d} {fields} expect={expect}"
+        if mark is not None:
+            line += " # " + mark[1]
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def parse_fields(line):
+    body = line.split(" # ", 1)[0].split()
+    return body[0], dict(f.split("=", 1) for f in body[1:])
+
+
+def read_outcomes(paths):
+    """Outcome lines the test writes: `<id> outcome=<kind> [signature=<sig>] message=<rest>`."""
+    outcomes = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.rstrip("\n")
+                if not line or line.startswith("#"):
+                    continue
+                head, _, message = line.partition(" message=")
+                fields = head.split()
+                entry = dict(f.split("=", 1) for f in fields[1:])
+                entry["message"] = message
+                outcomes[fields[0]] = entry
+    return outcomes
+
+
+def table_text(outcome_paths):
+    with open(COMBINATIONS) as f:
+        combos = [parse_fields(l) for l in f if l.strip() and not l.startswith("#")]
+    outcomes = read_outcomes(outcome_paths)
+    missing = [cid for cid, _ in combos if cid not in outcomes]
+    if missing:
+        sys.exit(f"no outcome for {', '.join(missing)}: run every feature_matrix_np* test first")
+    names = [d for d, _ in IMPLEMENTATION + SEMANTICS]
+    defaults = {d: v[0] for d, v in IMPLEMENTATION + SEMANTICS}
+    counts = {}
+    for cid, fields in combos:
+        kind = outcomes[cid]["outcome"]
+        counts.setdefault(fields["np"], {}).setdefault(kind, 0)
+        counts[fields["np"]][kind] += 1
+    kinds = ["pass", "refused", "known_failing", "FAIL"]
+    out = ["# The feature matrix", "",
+           "Written by `tools/feature_matrix.py table` from the outcomes of the `feature_matrix_np*` tests",
+           "(tests/matrix/); do not edit. The test runs an all-pairs selection of the combinations of",
+           "these dimensions: every value of one dimension meets every value of every other in some",
+           "combination, at np 2, 3 or 4 (also a dimension of the pairs).", ""]
+    for d, vals in DIMENSIONS:
+        out.append(f"- `{d}`: {', '.join(vals)}")
+    out += ["", "Each combination must either give parameters bitwise equal to the plain reference run of",
+            "the same program (overlap off, stage 1, flat, node sharing off; the same dtype, local SGD,",
+            "Join, mid-run operation and LR change; the same world size) on every rank, or be refused by",
+            "a constructor (the optimizer's or the averager's) on every rank with the same named error.",
+            "A known-failing combination does neither today; the test asserts it still fails the same way.",
+            "", "## Summary", "", "| np | combinations | " + " | ".join(kinds) + " |",
+            "|---|---|" + "---|" * len(kinds)]
+    for np_ in sorted(counts):
+        c = counts[np_]
+        out.append(f"| {np_} | {sum(c.values())} | " + " | ".join(str(c.get(k, 0)) for k in kinds) + " |")
+    total = {k: sum(c.get(k, 0) for c in counts.values()) for k in kinds}
+    out.append(f"| all | {len(combos)} | " + " | ".join(str(total[k]) for k in kinds) + " |")
+    # A pair of values is implicated in a refusal or failure when no passing combination holds it.
+    passing_pairs = set()
+    for cid, fields in combos:
+        if outcomes[cid]["outcome"] == "pass":
+            passing_pairs.update(itertools.combinations([(n, fields[n]) for n in names], 2))
+
+    def implicated(fields):
+        pairs = [p for p in itertools.combinations([(n, fields[n]) for n in names], 2)
+                 if p not in passing_pairs and (p[0][1] != defaults[p[0][0]] or p[1][1] != defaults[p[1][0]])]
+        return ", ".join(f"{a}={va} + {b}={vb}" for (a, va), (b, vb) in pairs) or "—"
+
+    def setting(fields):
+        return " ".join(f"{n}={fields[n]}" for n in names if fields[n] != defaults[n]) or "(the reference)"
+
+    for title, kind, note in [
+            ("Refused at construction", "refused",
+             "Each refused combination, the error every rank raised, and the pairs of its values that no passing combination holds (the cause is among them; a refused run also leaves its other pairs unchecked)."),
+            ("Known failing", "known_failing",
+             "Neither bitwise nor refused at construction today: what happened, and the pairs no passing combination holds.")]:
+        rows = [(cid, f) for cid, f in combos if outcomes[cid]["outcome"] == kind]
+        out += ["", f"## {title}", "", note, ""]
+        if not rows:
+            out.append("None.")
+            continue
+        out += ["| id | np | setting (values other than the reference's) | pairs never seen passing | error |",
+                "|---|---|---|---|---|"]
+        for cid, f in rows:
+            message = outcomes[cid]["message"].replace("|", "\\|")
+            out.append(f"| {cid} | {f['np']} | {setting(f)} | {implicated(f)} | {message} |")
+    out += ["", "## Every combination", "", "| id | np | setting | outcome |", "|---|---|---|---|"]
+    for cid, f in combos:
+        out.append(f"| {cid} | {f['np']} | {setting(f)} | {outcomes[cid]['outcome']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] not in ("write", "check", "table"):
+        sys.exit(__doc__)
+    if argv[1] == "write":
+        with open(COMBINATIONS, "w") as f:
+            f.write(combinations_text())
+        print(f"{COMBINATIONS}: {len(all_pairs())} combinations")
+    elif argv[1] == "check":
+        with open(COMBINATIONS) as f:
+            if f.read() != combinations_text():
+                sys.exit(f"{COMBINATIONS} is stale: run `python3 tools/feature_matrix.py write`")
+        print("combinations.txt is what the generator writes")
+    else:
+        text = table_text(argv[2:])
+        with open(TABLE, "w") as f:
+            f.write(text)
+        print(f"{TABLE} written")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
