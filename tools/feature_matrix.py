@@ -76,6 +76,25 @@ KNOWN_FAILING = [
 ]
 
 
+# Refused at construction, on every rank, by design: (condition, a fragment of the error, why).
+# The test requires exactly these to be refused (and every other combination to run bitwise),
+# and the selection covers their other pairs again in combinations that run.
+REFUSED = [
+    ({"np": "4", "overlap": ["after_backward", "per_bucket"], "local_sgd": "replicas2"},
+     "averages gradients across 2 replicas on the caller's thread",
+     "post-local SGD's warmup all-reduces gradients across replicas on the caller's thread while the overlap's "
+     "communication thread reduces the same buffers (two threads in MPI under MPI_THREAD_SERIALIZED): "
+     "PostLocalSGDOptimizer refuses an overlapped optimizer unless warmup_steps is 0"),
+]
+
+
+def refusal(row):
+    for condition, fragment, reason in REFUSED:
+        if matches(condition, row):
+            return fragment, reason
+    return None
+
+
 def is_reference(row):
     return all(row[d] == v[0] for d, v in IMPLEMENTATION)
 
@@ -102,7 +121,7 @@ def all_pairs():
     other pairs are covered again by runs that do."""
     names = [d for d, _ in DIMENSIONS]
     values = dict(DIMENSIONS)
-    rules = [condition for condition, _, _ in KNOWN_FAILING]
+    rules = [condition for condition, _, _ in KNOWN_FAILING + REFUSED]
 
     def assignment(row):
         return {names[k]: x for k, x in row.items()}
@@ -142,6 +161,11 @@ def all_pairs():
             if not row_fails or failing(dict(pair)):
                 uncovered.discard(pair)
         rows.append({names[d]: row[d] for d in range(len(names))})
+    # One run per designed refusal, so the test sees each refused as it should be.
+    for condition, _, _ in REFUSED:
+        row = {n: (condition[n] if isinstance(condition.get(n), str) else
+                   condition[n][0] if n in condition else values[n][0]) for n in names}
+        rows.append(row)
     rows.sort(key=lambda r: [int(r["np"])] + [values[n].index(r[n]) for n in names[1:]])
     return rows
 
@@ -158,15 +182,22 @@ def combinations_text():
     names = [d for d, _ in DIMENSIONS]
     lines = ["# tests/matrix/combinations.txt — written by tools/feature_matrix.py (do not edit): "
              f"{len(rows)} combinations covering every valid pair of the dimensions' values.",
-             "# expect=ok: bitwise the reference run, or refused by name at construction on every rank;",
+             "# expect=ok: bitwise the reference run; expect=refused:<fragment>: refused by a constructor on every",
+             "# rank with an error containing the fragment (spaces as '_');",
              "# expect=known_failing:<signature>: fails that way today (the reason follows the '#')."]
     for i, row in enumerate(rows):
         fields = " ".join(f"{n}={row[n]}" for n in names)
         mark = known_failing(row)
-        expect = "ok" if mark is None else "known_failing:" + mark[0]
-        line = f"c{i + 1:02d} {fields} expect={expect}"
+        refused = refusal(row)
         if mark is not None:
-            line += " # " + mark[1]
+            expect, why = "known_failing:" + mark[0], mark[1]
+        elif refused is not None:
+            expect, why = "refused:" + refused[0].replace(" ", "_"), refused[1]
+        else:
+            expect, why = "ok", None
+        line = f"c{i + 1:02d} {fields} expect={expect}"
+        if why is not None:
+            line += " # " + why
         lines.append(line)
     return "\n".join(lines) + "\n"
 

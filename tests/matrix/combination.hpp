@@ -17,6 +17,8 @@ struct Combination {
   // Empty: bitwise the reference, or refused at construction. Otherwise the signature of the
   // failure it is known to show today (the combination is marked known failing).
   std::string known_failure;
+  // Non-empty: refused by a constructor on every rank, with an error containing this.
+  std::string refusal;
   std::string reason;  // why it is marked, from the generator
 
   const std::string& operator[](const std::string& dimension) const {
@@ -67,8 +69,12 @@ inline std::vector<Combination> read_combinations(const std::string& path) {
     c.np = std::stoi(c["np"]);
     const std::string& expect = c["expect"];
     const std::string known = "known_failing:";
+    const std::string refused = "refused:";
     if (expect.rfind(known, 0) == 0) {
       c.known_failure = expect.substr(known.size());
+    } else if (expect.rfind(refused, 0) == 0) {
+      c.refusal = expect.substr(refused.size());
+      for (char& ch : c.refusal) ch = ch == '_' ? ' ' : ch;
     } else if (expect != "ok") {
       throw std::runtime_error(path + ": " + c.id + " expects '" + expect + "'");
     }

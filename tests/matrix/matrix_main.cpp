@@ -207,7 +207,12 @@ int main(int argc, char** argv) {
     const Verdict v = classify(reference, variant);
     // Every rank holds the same records, so every rank reaches the same judgement.
     std::string outcome = v.outcome, problem;
-    if (c.known_failure.empty()) {
+    if (!c.refusal.empty()) {
+      if (v.outcome != "refused" || v.message.find(c.refusal) == std::string::npos) {
+        problem = "expected refused at construction naming '" + c.refusal + "', got " + v.outcome;
+      }
+    } else if (c.known_failure.empty()) {
+      if (v.outcome == "refused") problem = "refused at construction, though the generator expects it to run";
       if (v.outcome == "FAIL") problem = "neither bitwise the reference nor refused at construction";
     } else if (v.outcome != "FAIL") {
       problem = "marked known failing (" + c.known_failure + ") but now " + v.outcome +
