@@ -20,7 +20,6 @@ MpiCommState::MpiCommState(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   check(peers_.gather(comm_, rank_), "MPI_Allgather of the ranks' hosts");
-  if (runtime_) runtime_->note_timeout(options_.timeout_seconds);
 }
 
 void MpiCommState::meet_on(MPI_Comm parent) {
