@@ -15,16 +15,16 @@
 //    returned), not when the file is durable: the fsync and rename go on while steps run.
 // 4. wait_save(), and save(), save_async() and load(), which complete a pending save first:
 //    calling thread, collective. Joins the writer, then finish_save: the ranks agree on their
-//    files (a failure on any rank raises on every rank, with save()'s messages), rank 0 proves
-//    the checkpoint and commits manifest.json. A save is committed nowhere else: until then the
+//    files (a failure on any rank raises on every rank, with save()'s messages), prove the
+//    checkpoint together, and rank 0 commits manifest.json. A save is committed nowhere else: until then the
 //    previous checkpoint is the one a load finds.
 //
 // The bound: the writer keeps no copy of the state; bf16/f16 values pass through one widening
 // chunk (4 MiB). The snapshot is staged in the kernel's page cache, which a blocking save fills
 // just as much. So a step after save_async waits at most for the rest of this rank's file to be
 // handed to the kernel (memory speed below the dirty-page limit, disk speed above it), never for
-// the fsync, the proof or the manifest; wait_save costs the proof (rank 0 reads every file, as
-// save does) and the manifest commit.
+// the fsync, the proof or the manifest; wait_save costs the proof (each rank reads back its own
+// file, as save does) and the manifest commit.
 //
 // Crash safety is save()'s: a shard file gets its final name only complete and fsynced, and no
 // manifest names it before rank 0's rename inside wait_save, so a kill at any point leaves the

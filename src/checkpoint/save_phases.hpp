@@ -2,12 +2,13 @@
 //
 // start_save: collective, on the calling thread. Checks, makes the directory, agrees on the
 //   save's identity, and captures everything later phases need from the optimizer: the
-//   manifest (rank 0: steps, groups, loss scale, layout; all but the files' sizes and CRCs) and
+//   manifest (steps, groups, loss scale, layout; all but the files' sizes and CRCs) and
 //   where each byte of this rank's shard file comes from (pointers into the live buffers).
 // write_own_shard_file: local, any thread, never throws, never communicates. Reads the live
 //   buffers the ticket points to: nothing may change them until it reports kSourcesRead.
-// finish_save: collective, on the calling thread. The ranks agree on the files, rank 0 proves
-//   the checkpoint and commits the manifest (sharded_save.cpp's steps 2 to 4).
+// finish_save: collective, on the calling thread. The ranks agree on the files, prove the
+//   checkpoint together (each reads back its own file), and rank 0 commits the manifest
+//   (sharded_save.cpp's steps 2 to 4).
 #pragma once
 
 #include <cstdint>
@@ -49,7 +50,7 @@ struct SaveTicket {
   std::vector<ShardSource> sources;  // in file order, after the header
   int64_t source_bytes = 0;          // of the data section: what the writer reads and writes
   int widen_threads = 0;             // for bf16/f16 values (config.cpu_threads; 1 in the background)
-  Manifest manifest;                 // rank 0 only; files' bytes and CRCs filled in by finish_save
+  Manifest manifest;                 // every rank's (rank 0's is committed); files' bytes and CRCs filled in by finish_save
   // Device state (or staging forced by a test): the sources are read through this engine in
   // bounded chunks; null: read directly. Made at start_save, so its copies follow the work
   // enqueued before the save on the optimizer's stream.

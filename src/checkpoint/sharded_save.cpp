@@ -1,13 +1,15 @@
-// src/checkpoint/sharded_save.cpp — save: one shard file per rank, proven as rank 0 sees them, then the manifest.
+// src/checkpoint/sharded_save.cpp — save: one shard file per rank, proven by the ranks together, then the manifest.
 //
 // 1. Every rank checks the hyperparameters a load will check, and makes the directory (as it
 //    sees it); rank 0 picks a fresh save id.
 // 2. Every rank writes its shard file atomically; the ranks agree on the files' sizes and CRCs.
-// 3. The proof, before anything is committed: rank 0 builds the manifest, runs check_manifest
-//    on it and the full file checks of the one validation path (validate.hpp) on every shard
-//    file as rank 0 sees it; every other rank opens rank 0's shard file. When a rank misses a
-//    file, the ranks do not share the directory: the save fails on every rank, saying so, each
-//    rank removes its own new file, and the previous checkpoint is untouched.
+// 3. The proof, before anything is committed: every rank builds the manifest; rank 0 runs
+//    check_manifest on it; every rank checks that it sees every shard file with the size its
+//    writer reported, and runs the full file checks of the one validation path (validate.hpp:
+//    header and CRC32C) on the files it wrote, as a load spreads them, so no rank reads more
+//    than its own share; the ranks then agree on the outcome. When a rank misses a file, the
+//    ranks do not share the directory: the save fails on every rank, saying so. On any failure
+//    each rank removes its own new file, and the previous checkpoint is untouched.
 // 4. Rank 0 commits manifest.json (temp, fsync, rename, fsync dir), reads it back, and only
 //    then removes the files of older saves. A crash before the rename leaves the previous
 //    manifest and every file it names untouched.
@@ -121,28 +123,21 @@ std::string not_shared(const std::string& dir, const std::string& missing) {
       missing, absolute_path(dir));
 }
 
-// Rank 0's proof: the checkpoint about to be committed passes the one validation path, every
-// file read in full as rank 0 sees it. A file that is missing is named as not shared.
-void prove_on_rank0(const Manifest& m, const std::string& dir) {
-  check_manifest(m, join_path(dir, kManifestName) + " (about to be written)");
+// This rank's part of the proof over `m` (complete with every file's size and CRC): every file
+// is where this rank looks (a missing one is named as not shared) with the size its writer
+// reported, and the files of this rank's share (file f is written by rank f, and checked by it)
+// pass the header and CRC32C checks of the one validation path. Rank 0 also checks the manifest
+// it is about to commit.
+void prove_share(const Manifest& m, const std::string& dir, int rank, int world) {
+  if (rank == 0) check_manifest(m, join_path(dir, kManifestName) + " (about to be written)");
   for (std::size_t f = 0; f < m.files.size(); ++f) {
     const std::string path = join_path(dir, m.files[f].name);
     SHARDOPT_CHECK(can_open(path), io, "{}",
-                   not_shared(dir, fmt::format("rank {} wrote '{}' but rank 0 cannot find it", f, m.files[f].name)));
+                   not_shared(dir, fmt::format("rank {} wrote '{}' but rank {} cannot find it", f, m.files[f].name,
+                                               rank)));
   }
   CheckpointReader reader(dir, m);
-  check_checkpoint_files(reader);
-}
-
-// Another rank's half of the proof: it sees rank 0's file, with the size rank 0 reported.
-void prove_on_other_rank(const std::string& dir, const std::string& rank0_file, int64_t bytes, int rank) {
-  const std::string path = join_path(dir, rank0_file);
-  SHARDOPT_CHECK(can_open(path), io, "{}",
-                 not_shared(dir, fmt::format("rank 0 wrote '{}' but rank {} cannot find it", rank0_file, rank)));
-  const InputFile input(path);
-  SHARDOPT_CHECK(input.size() == bytes, io, "{}",
-                 not_shared(dir, fmt::format("rank 0 wrote '{}' with {} bytes but rank {} sees {}", rank0_file, bytes,
-                                             rank, input.size())));
+  check_checkpoint_files(reader, FileShare{rank, world});
 }
 
 // The test hook: flips the last byte of a file that was just written (after its CRC was taken).
@@ -215,7 +210,8 @@ SaveTicket start_save(const OptimizerParts& parts, const std::string& dir) {
     }
   }
   for (const ShardSource& s : t.sources) t.source_bytes += s.count * static_cast<int64_t>(sizeof(float));
-  if (dev.rank() == 0) t.manifest = build_manifest(parts, t.generation, t.save_id, t.count, t.kinds);
+  // On every rank: each proves its own files against it (rank 0's is the one committed).
+  t.manifest = build_manifest(parts, t.generation, t.save_id, t.count, t.kinds);
   return t;
 }
 
@@ -310,20 +306,15 @@ void finish_save(Communicator& comm, const SaveTicket& t, const Outcome& written
   SHARDOPT_CHECK(!test_abort_requested("shards"), internal,
                  "{}: aborted after writing the shard files (SHARDOPT_TEST_ABORT_SAVE_AFTER=shards)", what);
 
-  // 3. The proof: the checkpoint is complete as rank 0 sees it, and every rank sees rank 0's file.
-  Manifest m;
+  // 3. The proof: every rank sees every file, and each file passes its writer's full check.
+  Manifest m = t.manifest;
+  for (std::size_t f = 0; f < m.files.size(); ++f) {
+    m.files[f].bytes = static_cast<int64_t>(files[f].value0);
+    m.files[f].crc32c = static_cast<uint32_t>(files[f].value1);
+  }
   Outcome proven;
   try {
-    if (t.rank == 0) {
-      m = t.manifest;
-      for (std::size_t f = 0; f < m.files.size(); ++f) {
-        m.files[f].bytes = static_cast<int64_t>(files[f].value0);
-        m.files[f].crc32c = static_cast<uint32_t>(files[f].value1);
-      }
-      prove_on_rank0(m, dir);
-    } else {
-      prove_on_other_rank(dir, shard_file_name(t.save_id, 0, t.count), static_cast<int64_t>(files[0].value0), t.rank);
-    }
+    prove_share(m, dir, t.rank, comm.size());
   } catch (const Error& e) {
     proven.fail(e);
   }

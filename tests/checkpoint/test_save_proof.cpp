@@ -150,6 +150,42 @@ TEST_CASE("a shard file damaged after it was written is caught before the manife
   }
 }
 
+TEST_CASE("a damaged shard file is found by the rank that wrote it, and the save fails on every rank naming it",
+          "[checkpoint][save_proof]") {
+  // Each rank reads back only its own file: rank 1's damage is rank 1's finding, which the
+  // agreement hands to every rank (rank 0 no longer reads every file).
+  const int n = world()->size(), me = world()->rank();
+  const std::string dir = scratch("damaged_found_by_writer");
+  OptimizerConfig config;
+  Model model(kSizes, 21);
+  auto opt = make_optimizer(world(), config, model);
+  train(*opt, 0, 2);
+  opt->save(dir);
+  const std::vector<float> at_save = all_params(*opt);
+  const std::vector<int64_t> steps = all_steps(*opt);
+  const std::string manifest = me == 0 ? file_bytes(dir + "/manifest.json") : "";
+  const std::vector<std::string> files = me == 0 ? shard_files(dir) : std::vector<std::string>{};
+  train(*opt, 2, 3);
+
+  const int victim = n > 1 ? 1 : 0;
+  ::setenv("SHARDOPT_TEST_DAMAGE_SHARD_OF_RANK", std::to_string(victim).c_str(), 1);
+  auto [code, message] = error_of([&] { opt->save(dir); });
+  ::unsetenv("SHARDOPT_TEST_DAMAGE_SHARD_OF_RANK");
+  CAPTURE(message);
+  REQUIRE(code == ErrorCode::corrupt);
+  const std::string damaged = fmt::format("-{:05d}-of-{:05d}.safetensors' is corrupt: CRC32C", victim, n);
+  REQUIRE(message.find(damaged) != std::string::npos);
+  const std::string finding = fmt::format("save to '{}': checkpoint '{}': shard file '", dir, dir);
+  if (me == victim) {
+    REQUIRE(message.rfind(finding, 0) == 0);
+  } else {
+    REQUIRE(message.rfind(fmt::format("save failed on rank {}: {}", victim, finding), 0) == 0);
+  }
+  world()->barrier();
+  expect_previous_checkpoint(dir, config, manifest, files, at_save, steps);
+  world()->barrier();
+}
+
 TEST_CASE("a save refuses hyperparameters that no load would accept, before writing anything", "[checkpoint][save_proof]") {
   const std::string dir = scratch("bad_hyper");
   OptimizerConfig config;

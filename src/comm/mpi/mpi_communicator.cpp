@@ -14,9 +14,11 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 
+#include "comm/agreement.hpp"
 #include "comm/comm_thread.hpp"
 #include "comm/mpi/half_ops.hpp"
 #include "comm/mpi/half_reduce.hpp"
@@ -279,23 +281,61 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
   bool cuda_aware_ = false;
 };
 
+// The options a rank creates its communicator with while the ranks have yet to agree on them:
+// its own when valid; otherwise the defaults, so that the creation itself stays bounded and
+// the agreement can refuse the invalid value on every rank.
+CommOptions options_to_create_with(const CommOptions& options) {
+  CommOptions usable = options;
+  if (std::isnan(options.timeout_seconds) || options.timeout_seconds < 0) {
+    usable.timeout_seconds = CommOptions{}.timeout_seconds;
+  }
+  if (options.ranks_per_node < 0) usable.ranks_per_node = CommOptions{}.ranks_per_node;
+  return usable;
+}
+
+// Collective over the new communicator, once, where it is created (its split children inherit
+// the agreed options). Every field of CommOptions decides collective paths, so the ranks must
+// hold the same values or all raise Error(mismatch) naming the field:
+//  - ranks_per_node: split_node() runs MPI_Comm_split on the ranks with a positive value only;
+//    the others would go on to the new communicator's barrier and MPI_Comm_dup, and both hang.
+//  - timeout_seconds: with the watchdog off (0 or +inf) a process skips MpiRuntime's watched
+//    barrier on MPI_COMM_WORLD at exit that the others enter; with different positive values a
+//    rank gives up on a collective (and poisons its communicator) while its peers still wait.
+// A value that fails validation on any rank fails the creation on every rank.
+void agree_on_options(Communicator& comm, const CommOptions& options, const char* factory) {
+  AgreementRecord record(factory);
+  record.validate([&] { check_timeout_option(options, factory); });
+  record.field("CommOptions.ranks_per_node", std::to_string(options.ranks_per_node));
+  // 0 and +inf both mean "no watchdog": the same setting.
+  const bool watched = options.timeout_seconds > 0 && !std::isinf(options.timeout_seconds);
+  record.field("CommOptions.timeout_seconds", watched ? fmt::format("{}", options.timeout_seconds) : "0 (no watchdog)");
+  agree(comm, record);
+}
+
+std::shared_ptr<Communicator> create_agreed(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
+                                            const CommOptions& options, const char* factory) {
+  auto created = std::make_shared<MpiCommunicator>(runtime, parent, options_to_create_with(options));
+  agree_on_options(*created, options, factory);
+  // Only now may the timeout bound the exit barrier: noted before the agreement, a rank whose
+  // creation was refused could still enter that barrier alone.
+  if (runtime) runtime->note_timeout(options.timeout_seconds);
+  return created;
+}
+
 }  // namespace
 }  // namespace comm
 
 std::shared_ptr<Communicator> mpi_world(const CommOptions& options) {
-  comm::check_timeout_option(options, "mpi_world");
-  return std::make_shared<comm::MpiCommunicator>(comm::shared_mpi_runtime(), MPI_COMM_WORLD, options);
+  return comm::create_agreed(comm::shared_mpi_runtime(), MPI_COMM_WORLD, options, "mpi_world");
 }
 
 std::shared_ptr<Communicator> mpi_borrow(const void* mpi_comm, const CommOptions& options) {
   SHARDOPT_CHECK(mpi_comm != nullptr, invalid_argument, "mpi_borrow: the MPI_Comm pointer is null");
-  comm::check_timeout_option(options, "mpi_borrow");
   int initialized = 0;
   MPI_Initialized(&initialized);
   SHARDOPT_CHECK(initialized, comm, "mpi_borrow: MPI is not initialised; the caller owns MPI in this mode");
   // A borrowed communicator never finalises MPI: no runtime is attached.
-  return std::make_shared<comm::MpiCommunicator>(nullptr, *static_cast<const MPI_Comm*>(mpi_comm),
-                                                 options);
+  return comm::create_agreed(nullptr, *static_cast<const MPI_Comm*>(mpi_comm), options, "mpi_borrow");
 }
 
 }  // namespace shardopt

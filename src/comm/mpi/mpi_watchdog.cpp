@@ -20,7 +20,6 @@ MpiCommState::MpiCommState(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   check(peers_.gather(comm_, rank_), "MPI_Allgather of the ranks' hosts");
-  if (runtime_) runtime_->note_timeout(options_.timeout_seconds);
 }
 
 void MpiCommState::meet_on(MPI_Comm parent) {
@@ -91,6 +90,9 @@ void MpiCommState::wait(MPI_Request& request, const char* op, const TouchedMemor
   const Deadline deadline(options_.timeout_seconds);
   bool done = false;
   const int code = test_until(request, deadline, done);
+  if (code == MPI_SUCCESS && done) return;
+  // Only a failed or timed-out wait asks which peers of this host still run: the probe costs a
+  // kill(2) and a /proc read per peer, too much for every successful collective.
   const std::string missing = peers_.describe_missing();
   if (code != MPI_SUCCESS) {
     keep_live(request, touched);
@@ -104,7 +106,6 @@ void MpiCommState::wait(MPI_Request& request, const char* op, const TouchedMemor
                             "or its link failed"
                           : "A peer died");
   }
-  if (done) return;
   unusable_ = fmt::format("{} on rank {} of {} did not complete within {:g} s{}", op, rank_,
                           size_, deadline.seconds(), missing);
   unusable_code_ = ErrorCode::timeout;
