@@ -27,6 +27,9 @@ struct BroadcastPart {
   int root = 0;
 };
 
+// Every rank passes the same options: mpi_world and mpi_borrow agree on them when the
+// communicator is created (Error(mismatch) naming the field on every rank otherwise; 0 and +inf
+// timeouts count as the same setting, the watchdog off).
 struct CommOptions {
   // A collective that has not completed after this long raises Error(timeout) naming the
   // operation and rank instead of hanging forever, and poisons its communicator: the
