@@ -46,16 +46,27 @@ void add_config_fields(const AveragerConfig& config, AgreementRecord& record) {
 
 }  // namespace
 
-void ModelAverager::Impl::snapshot_anchor() {
+void ModelAverager::Impl::take_anchor() {
   const optim::ShardState& shard = opt().shard;
   const int64_t numel = shard.own_shard().numel;
   outer.anchor.assign(static_cast<std::size_t>(numel), 0.f);
   outer.momentum.assign(static_cast<std::size_t>(numel), 0.f);
   outer.steps = 0;
-  outer.layout_version = shard.layout_version();
+  outer.values_generation = shard.values_generation();
+  outer.provisional = false;
   for (const averaging::ValueSpan& s : averaging::shard_value_spans(shard)) {
     std::copy(s.data, s.data + s.count, outer.anchor.begin() + s.shard_offset);
   }
+}
+
+bool ModelAverager::Impl::anchor_replaced() { return outer.values_generation != opt().shard.values_generation(); }
+
+void ModelAverager::Impl::retake_stale_anchor() {
+  if (!config.outer.enabled || !(outer.provisional || anchor_replaced())) return;
+  // The last step's queued all-gathers (config.overlap) land first; they never write this
+  // rank's own shard, but the anchor is read whole.
+  opt().overlap.wait_all();
+  take_anchor();
 }
 
 ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer& optimizer, AveragerConfig config)
@@ -91,7 +102,11 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
   }
   // Every rank holds the same list, so every rank raises the same error, or none does.
   im.groups = averaging::make_replica_groups(*world, places, im.config);
-  if (im.config.outer.enabled) im.snapshot_anchor();
+  // Provisional: the caller may still write the model's weights through the views.
+  if (im.config.outer.enabled) {
+    im.take_anchor();
+    im.outer.provisional = true;
+  }
 }
 
 ModelAverager::~ModelAverager() = default;
@@ -107,17 +122,21 @@ void ModelAverager::average_parameters() {
   const int level = averaging::level_at(im.config, im.step);
   if (level >= 0) {
     const bool outer_step = im.config.outer.enabled && level + 1 == static_cast<int>(im.config.levels.size());
+    // The values were replaced (a load, a state dict, a layout change) after the local phase
+    // began, and nobody retook the anchor then: the drift from it means nothing. The outer
+    // optimizer restarts from this average instead (plain averaging this once).
+    const bool outer_restart = outer_step && im.anchor_replaced();
     Communicator& peers = *im.groups.level_peers[static_cast<std::size_t>(level)];
     const optim::ShardState& shard = opt.shard;
-    // The replica's ranks, then the partners of this shard, agree on the step and the layout.
+    // The replica's ranks, then the partners of this shard, agree on the step, the outer
+    // optimizer's state and the layout.
     AgreementRecord record("average_parameters");
     record.field("averager step", fmt::format("{}", im.step));
-    record.validate([&] {
-      optim::check_no_open_round(opt, "average_parameters");
-      SHARDOPT_CHECK(!outer_step || im.outer.layout_version == shard.layout_version(), invalid_argument,
-                     "average_parameters: the optimizer's layout changed (set_trainable or add_param_group) since the "
-                     "outer optimizer's state was taken; build a new averager");
-    });
+    if (outer_step) {
+      record.field("outer optimizer", outer_restart ? std::string("restarting (parameters replaced since its anchor)")
+                                                    : fmt::format("{} steps taken", im.outer.steps));
+    }
+    record.validate([&] { optim::check_no_open_round(opt, "average_parameters"); });
     comm::agree(opt.dev.host_comm(), record);
     record.field("shard elements", fmt::format("{}", shard.own_shard().numel));
     if (peers.size() > 1) comm::agree(peers, record);
@@ -131,7 +150,9 @@ void ModelAverager::average_parameters() {
     im.counts.averaging_bytes += averaging::all_reduce_spans(
         peers, spans, DType::f32, std::max<int64_t>(16, im.config.bucket_bytes / 4), ReduceOp::sum,
         [&](void* data, int64_t n) { kernels::divide_cpu(data, DType::f32, n, replicas, threads); });
-    if (outer_step) {
+    if (outer_restart) {
+      im.take_anchor();
+    } else if (outer_step) {
       const OuterOptimizer& o = im.config.outer;
       const kernels::SgdScalars scalars =
           kernels::make_sgd_scalars(o.lr, o.momentum, 0.0, 0.0, o.nesterov, false, im.outer.steps == 0);
@@ -152,7 +173,7 @@ void ModelAverager::average_parameters() {
   }
   ++im.step;
   // The outer optimizer measures the replicas' drift from where the local phase starts.
-  if (im.config.outer.enabled && im.step == im.config.warmup_steps) im.snapshot_anchor();
+  if (im.config.outer.enabled && im.step == im.config.warmup_steps) im.take_anchor();
 }
 
 int ModelAverager::next_group_size() const {
@@ -164,8 +185,15 @@ int64_t ModelAverager::step() const { return impl_->step; }
 
 void ModelAverager::set_step(int64_t step) {
   SHARDOPT_CHECK(step >= 0, invalid_argument, "ModelAverager::set_step: the step must be >= 0, got {}", step);
-  impl_->step = step;
-  if (impl_->config.outer.enabled && step <= impl_->config.warmup_steps) impl_->snapshot_anchor();
+  Impl& im = *impl_;
+  im.step = step;
+  // A new schedule position (a resume, or a jump past warmup): the local phase starts from the
+  // parameters as they are, or as PostLocalSGDOptimizer finds them when its next round begins
+  // (the caller may write the weights after this call).
+  if (im.config.outer.enabled) {
+    im.take_anchor();
+    im.outer.provisional = true;
+  }
 }
 
 const AveragerConfig& ModelAverager::config() const { return impl_->config; }

@@ -73,17 +73,29 @@ PostLocalSGDOptimizer::~PostLocalSGDOptimizer() = default;
 void PostLocalSGDOptimizer::reduce_gradients() {
   Impl& im = *impl_;
   ZeroOptimizer::Impl& opt = im.avg().opt();
+  im.avg().retake_stale_anchor();  // before per_bucket's updates may move any parameter
   Communicator* peers = im.warmup_peers();
   // Stage-2 bucket view took its gradients through reduce_gradient(), averaged there already.
   if (peers != nullptr && !(opt.shard.stage2() && opt.shard.bucket_view())) {
-    comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradients");
-    record.field("averager step", fmt::format("{}", im.averager.step()));
-    comm::agree(*peers, record);
     std::vector<averaging::HostSpan> spans;
+    // Which gradients cross, in which order: replicas whose trainable flags differ (set_trainable
+    // is collective within a replica only) would otherwise sum unrelated gradients, or issue
+    // all-reduces of different sizes.
+    uint64_t handed = comm::fnv1a("");
+    int64_t elements = 0;
     for (std::size_t i = 0; i < opt.table.size(); ++i) {
       const optim::ParamRecord& p = opt.table.params()[i];
-      if (p.trainable && p.numel > 0) spans.push_back(averaging::HostSpan{opt.shard.grad_ptr(i), p.numel});
+      if (!p.trainable || p.numel == 0) continue;
+      spans.push_back(averaging::HostSpan{opt.shard.grad_ptr(i), p.numel});
+      handed = comm::fnv1a(fmt::format("{}:{};", p.name, p.numel), handed);
+      elements += p.numel;
     }
+    comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradients");
+    record.field("averager step", fmt::format("{}", im.averager.step()));
+    record.field("gradients averaged across the replicas (names and sizes, in order)",
+                 fmt::format("{} parameters, {} elements of {}, hash {:#018x}", spans.size(), elements,
+                             dtype_name(opt.shard.dtype()), handed));
+    comm::agree(*peers, record);
     im.avg().counts.gradient_bytes += averaging::all_reduce_spans(
         *peers, spans, opt.shard.dtype(), std::max<int64_t>(16, opt.config.bucket_bytes / im.element_bytes()),
         ReduceOp::avg);
@@ -94,18 +106,30 @@ void PostLocalSGDOptimizer::reduce_gradients() {
 
 void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
   Impl& im = *impl_;
+  im.avg().retake_stale_anchor();  // the round's first hand-over comes before any update
   Communicator* peers = im.warmup_peers();
   if (peers == nullptr) {
     im.optimizer.reduce_gradient(id, grad);
     return;
   }
   ZeroOptimizer::Impl& opt = im.avg().opt();
-  const optim::ParamRecord& p = opt.table.param(id);
-  SHARDOPT_CHECK(grad.data != nullptr && grad.numel == p.numel && grad.dtype == p.dtype && grad.device.is_cpu(),
-                 invalid_argument,
-                 "reduce_gradient('{}'): expected {} {} elements on cpu, got {} {} elements at {} on {}", p.name,
-                 p.numel, dtype_name(p.dtype), grad.numel, dtype_name(grad.dtype), grad.data,
-                 device_name(grad.device));
+  // The ranks agree on the parameter before its gradient crosses the replicas: ranks handing
+  // parameters in different orders would average different parameters of equal size, or
+  // all-reduce different sizes; a bad gradient on one rank fails every rank.
+  comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradient");
+  record.field("averager step", fmt::format("{}", im.averager.step()));
+  std::string handed = "none (invalid)";
+  record.validate([&] {
+    const optim::ParamRecord& p = opt.table.param(id);
+    SHARDOPT_CHECK(grad.data != nullptr && grad.numel == p.numel && grad.dtype == p.dtype && grad.device.is_cpu(),
+                   invalid_argument,
+                   "reduce_gradient('{}'): expected {} {} elements on cpu, got {} {} elements at {} on {}", p.name,
+                   p.numel, dtype_name(p.dtype), grad.numel, dtype_name(grad.dtype), grad.data,
+                   device_name(grad.device));
+    handed = fmt::format("'{}' ({} {} elements)", p.name, p.numel, dtype_name(p.dtype));
+  });
+  record.field("parameter", handed);
+  comm::agree(*peers, record);
   // The caller's gradient is read-only: average a copy across the replicas, then hand that.
   std::vector<char>& copy = im.hand_copy;
   copy.resize(grad.nbytes());
@@ -121,6 +145,7 @@ void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
 }
 
 void PostLocalSGDOptimizer::step() {
+  impl_->avg().retake_stale_anchor();  // a round whose gradients were handed to the optimizer directly
   impl_->optimizer.step();
   impl_->averager.average_parameters();
 }
