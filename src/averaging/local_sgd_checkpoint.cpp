@@ -132,12 +132,12 @@ Record read_record(const std::string& dir) {
 
 void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
-  ZeroOptimizer::Impl& opt = av.opt();
-  opt.overlap.wait_all();  // the last step's queued all-gathers (config.overlap) land first
+  optim::AveragingPort& port = av.port;
+  port.wait_for_queued_work();  // the last step's queued all-gathers (config.overlap) land first
   comm::AgreementRecord record("PostLocalSGDOptimizer::save");
   record.field("averager step", fmt::format("{}", av.step));
   record.validate([&] {
-    optim::check_no_open_round(opt, "save");
+    port.check_no_open_round("save");
     SHARDOPT_CHECK(!dir.empty(), invalid_argument, "save: the directory is empty");
   });
   comm::agree(world, record);
@@ -171,7 +171,7 @@ void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   try {
     av.optimizer.save(join_path(dir, replica_dir(save_id, av.groups.replica_index)));
     if (av.config.outer.enabled && av.groups.replica_index == 0) {
-      const OuterFile outer = write_outer_file(av.outer, opt.table, opt.shard.own_shard(), av.groups.local_rank,
+      const OuterFile outer = write_outer_file(av.outer, port.params(), port.own_shard(), av.groups.local_rank,
                                                dir, outer_file_name(save_id, av.groups.local_rank));
       wrote.value0 = static_cast<uint64_t>(outer.bytes);
       wrote.value1 = (static_cast<uint64_t>(av.groups.local_rank) << 32) | outer.crc32c;
@@ -223,14 +223,14 @@ void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
 
 void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
-  ZeroOptimizer::Impl& opt = av.opt();
-  opt.overlap.wait_all();  // the last step's queued all-gathers (config.overlap) land first
+  optim::AveragingPort& port = av.port;
+  port.wait_for_queued_work();  // the last step's queued all-gathers (config.overlap) land first
   // Every rank reads the record itself (a checkpoint lives on a filesystem all ranks share);
   // the ranks agree that they read the same one and that it fits this job before anything.
   Record r;
   comm::AgreementRecord record("PostLocalSGDOptimizer::load");
   record.validate([&] {
-    optim::check_no_open_round(opt, "load");
+    port.check_no_open_round("load");
     r = read_record(dir);
     SHARDOPT_CHECK(r.replicas == av.groups.num_replicas, mismatch,
                    "load: '{}' holds {} replicas, this job has {}", dir, r.replicas, av.groups.num_replicas);
@@ -253,9 +253,9 @@ void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   SavedOuterState saved;
   Outcome verified;
   try {
-    if (opt.dev.rank() == 0) verify_checkpoint(replica);
+    if (port.replica_rank() == 0) verify_checkpoint(replica);
     if (r.outer) {
-      saved = read_outer_layout(dir, r.outer_files, checkpoint::read_manifest(replica).params, opt.dev.rank() == 0);
+      saved = read_outer_layout(dir, r.outer_files, checkpoint::read_manifest(replica).params, port.replica_rank() == 0);
     }
   } catch (const Error& e) {
     verified.fail(e);
@@ -276,7 +276,7 @@ void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   OuterState outer;
   Outcome mapped;
   try {
-    if (r.outer) map_outer_state(saved, opt.table, opt.shard.own_shard(), outer);
+    if (r.outer) map_outer_state(saved, port.params(), port.own_shard(), outer);
   } catch (const Error& e) {
     mapped.fail(e);
   }
@@ -286,7 +286,7 @@ void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
     av.outer.anchor = std::move(outer.anchor);
     av.outer.momentum = std::move(outer.momentum);
     av.outer.steps = r.outer_steps;
-    av.outer.values_generation = opt.shard.values_generation();
+    av.outer.values_generation = port.values_generation();
     av.outer.provisional = false;
   }
 }

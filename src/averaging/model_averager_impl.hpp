@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "averaging/replica_groups.hpp"
-#include "optim/zero_optimizer_impl.hpp"
+#include "optim/averaging_port.hpp"
 #include "shardopt/averaging.hpp"
 
 namespace shardopt {
@@ -30,17 +30,17 @@ struct OuterState {
 };
 
 struct ModelAverager::Impl {
-  Impl(std::shared_ptr<Communicator> w, ZeroOptimizer& opt) : world(std::move(w)), optimizer(opt) {}
+  Impl(std::shared_ptr<Communicator> w, ZeroOptimizer& opt) : world(std::move(w)), optimizer(opt), port(opt) {}
 
   std::shared_ptr<Communicator> world;
   ZeroOptimizer& optimizer;
+  optim::AveragingPort port;  // all averaging reaches of the optimizer beyond its public API
   AveragerConfig config;
   averaging::ReplicaGroups groups;
   int64_t step = 0;
   CommunicationCounts counts;
   OuterState outer;
 
-  ZeroOptimizer::Impl& opt() { return optimizer_internals(optimizer); }
   // The outer optimizer starts afresh from the current values of this rank's shard (momentum
   // zero, no steps taken).
   void take_anchor();

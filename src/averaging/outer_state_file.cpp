@@ -25,9 +25,9 @@ constexpr const char* kTensors[] = {"anchor", "momentum"};
 
 // Every registered parameter as [name, numel, trainable]; the shard's segments as
 // [param, param_offset, shard_offset, length].
-std::string params_json(const optim::ParamTable& table) {
+std::string params_json(const std::vector<optim::ParamRecord>& params) {
   nlohmann::json out = nlohmann::json::array();
-  for (const optim::ParamRecord& p : table.params()) out.push_back({p.name, p.numel, p.trainable});
+  for (const optim::ParamRecord& p : params) out.push_back({p.name, p.numel, p.trainable});
   return out.dump();
 }
 
@@ -115,7 +115,7 @@ void check_tiling(const SavedOuterState& saved, const std::vector<checkpoint::Ma
 
 }  // namespace
 
-OuterFile write_outer_file(const OuterState& state, const optim::ParamTable& table, const partition::RankShard& shard,
+OuterFile write_outer_file(const OuterState& state, const std::vector<optim::ParamRecord>& params, const partition::RankShard& shard,
                            int local_rank, const std::string& dir, const std::string& name) {
   const int64_t n = static_cast<int64_t>(state.anchor.size());
   SHARDOPT_CHECK(n == shard.numel && state.momentum.size() == state.anchor.size(), internal,
@@ -124,7 +124,7 @@ OuterFile write_outer_file(const OuterState& state, const optim::ParamTable& tab
   checkpoint::ShardFileWriter writer(join_path(dir, name), tensors,
                                      {{"format", kFormat},
                                       {"local_rank", std::to_string(local_rank)},
-                                      {"params", params_json(table)},
+                                      {"params", params_json(params)},
                                       {"segments", segments_json(shard)}});
   writer.write(state.anchor.data(), n);
   writer.write(state.momentum.data(), n);
@@ -173,7 +173,7 @@ SavedOuterState read_outer_layout(const std::string& dir, const std::vector<Oute
   return saved;
 }
 
-void map_outer_state(const SavedOuterState& saved, const optim::ParamTable& table, const partition::RankShard& shard,
+void map_outer_state(const SavedOuterState& saved, const std::vector<optim::ParamRecord>& params, const partition::RankShard& shard,
                      OuterState& into) {
   const std::size_t numel = static_cast<std::size_t>(shard.numel);
   into.anchor.assign(numel, 0.f);
@@ -200,7 +200,7 @@ void map_outer_state(const SavedOuterState& saved, const optim::ParamTable& tabl
     SHARDOPT_CHECK(covered == want.length, corrupt,
                    "load: the outer optimizer's state holds {} of the {} elements [{}, {}) of parameter '{}' this "
                    "rank's shard keeps",
-                   covered, want.length, want.param_offset, end, table.params()[param].name);
+                   covered, want.length, want.param_offset, end, params[param].name);
   }
 }
 

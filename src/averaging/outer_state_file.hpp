@@ -25,7 +25,7 @@ struct OuterFile {
 };
 
 // Writes `state` (anchor and momentum over `shard`, its numel elements) to dir/name atomically.
-OuterFile write_outer_file(const OuterState& state, const optim::ParamTable& table, const partition::RankShard& shard,
+OuterFile write_outer_file(const OuterState& state, const std::vector<optim::ParamRecord>& params, const partition::RankShard& shard,
                            int local_rank, const std::string& dir, const std::string& name);
 
 // The saved outer state of a whole replica: where each parameter's elements sit in which file.
@@ -51,7 +51,7 @@ SavedOuterState read_outer_layout(const std::string& dir, const std::vector<Oute
 // The saved values over `shard` (this rank's shard of the loading layout): every segment's
 // elements read from the files that hold them, padding zero. Error(corrupt) naming the
 // parameter when an element is not in the saved state (its trainable flags differ).
-void map_outer_state(const SavedOuterState& saved, const optim::ParamTable& table, const partition::RankShard& shard,
+void map_outer_state(const SavedOuterState& saved, const std::vector<optim::ParamRecord>& params, const partition::RankShard& shard,
                      OuterState& into);
 
 }  // namespace averaging
