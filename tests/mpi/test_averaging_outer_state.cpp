@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -264,5 +265,38 @@ TEST_CASE("a ModelAverager on its own restarts the outer optimizer from a plain 
     REQUIRE(got.size() == want.size());
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::fabs(got[i] - want[i]) <= 1e-6f * (1.f + std::fabs(want[i])));
   }
+  remove_dir(dir);
+}
+
+TEST_CASE("a damaged outer-optimizer file is refused on every rank before anything changes",
+          "[averaging][outer][checkpoint]") {
+  const int rank = world()->rank();
+  const std::string dir = fresh_dir("outer_damaged");
+  const Scenario s = outer_scenario(1, 1);
+  Replica replica(replica_comm(s), s);
+  PostLocalSGDOptimizer plsgd(world(), *replica.opt, s.averaging);
+  run_steps(plsgd, s, 0, 2);
+  plsgd.save(dir);
+  if (rank == 0) {  // one byte of the last file's momentum
+    std::filesystem::path outer;
+    for (const auto& save : std::filesystem::directory_iterator(dir)) {
+      if (!save.is_directory()) continue;
+      for (const auto& f : std::filesystem::directory_iterator(save.path())) {
+        if (f.path().filename().string().rfind("outer-", 0) == 0) outer = f.path();
+      }
+    }
+    REQUIRE(!outer.empty());
+    std::fstream file(outer, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-3, std::ios::end);
+    file.put('\x7f');
+  }
+  world()->barrier();
+  run_steps(plsgd, s, 2, 3);
+  const std::vector<float> before = params_of(*replica.opt);
+  const auto [code, message] = shardopt_test::error_of([&] { plsgd.load(dir); });
+  CHECK(code == ErrorCode::corrupt);
+  CHECK_THAT(message, Catch::Contains("outer-") && Catch::Contains("checksum"));
+  CHECK(shardopt_test::bitwise_equal(params_of(*replica.opt), before));
+  CHECK(plsgd.averager().step() == 3);
   remove_dir(dir);
 }
