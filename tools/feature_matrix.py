@@ -61,10 +61,6 @@ def valid(assignment):
 # reference run and the variant alike (a failure of the program's semantics); "variant@phase:code"
 # of the variant alone. The test prints the signature it saw for every failing combination.
 KNOWN_FAILING = [
-    ({"local_sgd": "outer", "mid_op": ["set_trainable", "add_param_group"]}, ["step2.step:invalid_argument"],
-     "a layout change under the outer optimizer is refused late, by the next averaging step "
-     "(average_parameters: 'the optimizer's layout changed ... build a new averager'), not by a constructor "
-     "or at the layout change"),
     ({"local_sgd": "replicas2", "join": "on"}, ["join:invalid_argument", "step3.step:invalid_argument"],
      "Join under post-local SGD is refused late, at the first averaging while a replica's rank is joined "
      "(average_parameters(): 'rank 0 is in join()'), on the joined rank inside join() and on its replica peer "

@@ -37,6 +37,14 @@ struct AveragingLevel {
 // params of the last sync by torch's SGD with these settings (dampening 0, no weight decay);
 // every replica then continues from the result. Each rank keeps the last sync's values and the
 // momentum for its own shard only, as f32, sharded like the optimizer's state.
+// Where a local phase starts other than at a sync (construction, the end of warmup, set_step, the
+// optimizer's parameters replaced by load/load_state_dict or a layout change), the outer
+// optimizer starts afresh (momentum zero) from the parameters as they are when it starts:
+// PostLocalSGDOptimizer takes them when its next round begins, so weights written through
+// param_view after construction or set_step count. A ModelAverager on its own never sees a step
+// begin: it takes them at construction, set_step and the end of warmup, and when the parameters
+// were replaced (load, load_state_dict, layout change) after that, its next world-level
+// averaging is a plain average the outer optimizer restarts from.
 struct OuterOptimizer {
   bool enabled = false;
   double lr = 0.7;
@@ -103,7 +111,8 @@ class SHARDOPT_API ModelAverager {
   int next_group_size() const;
 
   int64_t step() const;
-  // As torch's `averager.step = n` (e.g. when resuming without a checkpoint).
+  // As torch's `averager.step = n` (e.g. when resuming without a checkpoint). With the outer
+  // optimizer, it restarts from the current parameters (see OuterOptimizer).
   void set_step(int64_t step);
   const AveragerConfig& config() const;
   const CommunicationCounts& communication() const;
@@ -152,7 +161,10 @@ class SHARDOPT_API PostLocalSGDOptimizer {
   // state, committed together by one record written last: a save that fails or crashes leaves
   // the previous one loadable. load() restores every replica, the averager's step and the outer
   // optimizer's state; it needs the same number of replicas and (with an outer optimizer) the
-  // same replica size.
+  // same replica size. The outer optimizer's files record the parameters and element ranges
+  // they hold, so they load into an optimizer of another partition, or whose trainable flags
+  // differ before the load (it takes the saved ones): each element goes where the loading
+  // layout keeps it.
   void save(const std::string& dir);
   void load(const std::string& dir);
 

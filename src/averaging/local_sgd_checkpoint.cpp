@@ -3,14 +3,15 @@
 // dir/local_sgd.json names the save that counts. A save writes everything under a new
 // dir/<save id>/ (replica-<k>/ holds replica k's own sharded checkpoint; outer-<r>.safetensors
 // the outer optimizer's state of local rank r, identical in every replica, written by replica
-// 0), then world rank 0 replaces local_sgd.json atomically and removes older saves. A crash at
-// any point leaves the record naming a complete save. The record is sealed as the optimizer's
-// manifest is (sealed_json.hpp).
+// 0, with the layout it follows: outer_state_file.hpp), then world rank 0 replaces local_sgd.json
+// atomically and removes older saves. A crash at any point leaves the record naming a complete
+// save. The record is sealed as the optimizer's manifest is (sealed_json.hpp).
 #include <random>
 
 #include <fmt/format.h>
 
 #include "averaging/local_sgd_save_ids.hpp"
+#include "averaging/outer_state_file.hpp"
 #include "averaging/post_local_sgd_impl.hpp"
 #include "checkpoint/collective.hpp"
 #include "checkpoint/file_io.hpp"
@@ -33,12 +34,6 @@ constexpr const char* kRecordName = "local_sgd.json";
 constexpr const char* kFormat = "shardopt-local-sgd";
 constexpr int kVersion = 1;
 constexpr const char* kSealKey = "record_crc32c";
-
-struct OuterFile {
-  std::string name;
-  int64_t bytes = 0;
-  uint32_t crc32c = 0;
-};
 
 struct Record {
   uint64_t generation = 0;
@@ -133,47 +128,16 @@ Record read_record(const std::string& dir) {
   return parse_record(checkpoint::read_whole_file(path), path);
 }
 
-OuterFile write_outer_file(const ModelAverager::Impl& av, const std::string& dir, const std::string& name) {
-  const int64_t n = static_cast<int64_t>(av.outer.anchor.size());
-  std::vector<checkpoint::TensorEntry> tensors{{"anchor", {n}, 0, 0}, {"momentum", {n}, 0, 0}};
-  checkpoint::ShardFileWriter writer(join_path(dir, name), tensors,
-                                     {{"format", "shardopt-outer-optimizer"}, {"local_rank", std::to_string(av.groups.local_rank)}});
-  writer.write(av.outer.anchor.data(), n);
-  writer.write(av.outer.momentum.data(), n);
-  const checkpoint::ManifestFile written = writer.commit();
-  return OuterFile{name, written.bytes, written.crc32c};
-}
-
-void read_outer_file(const std::string& dir, const OuterFile& file, int64_t numel, OuterState& into) {
-  const std::string path = join_path(dir, file.name);
-  const int64_t size = checkpoint::file_size_or_missing(path);
-  SHARDOPT_CHECK(size >= 0, io, "load: '{}' is missing", path);
-  SHARDOPT_CHECK(size == file.bytes, corrupt, "load: '{}' has {} bytes, the record says {}", path, size, file.bytes);
-  const checkpoint::InputFile in(path);
-  const uint32_t crc = in.crc32c_of_all(size);
-  SHARDOPT_CHECK(crc == file.crc32c, corrupt, "load: '{}' fails its checksum (CRC32C {:08x}, recorded {:08x})", path,
-                 crc, file.crc32c);
-  const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(in, size);
-  for (const char* name : {"anchor", "momentum"}) {
-    const checkpoint::TensorEntry* t = header.find(name);
-    SHARDOPT_CHECK(t != nullptr && t->numel() == numel && t->shape.size() == 1, corrupt,
-                   "load: '{}' must hold '{}' of {} elements (this rank's shard of the replica)", path, name, numel);
-    std::vector<float>& out = std::string(name) == "anchor" ? into.anchor : into.momentum;
-    out.resize(static_cast<std::size_t>(numel));
-    in.read_at(header.data_start + t->begin, out.data(), static_cast<std::size_t>(numel) * sizeof(float));
-  }
-}
-
 }  // namespace
 
 void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
-  ZeroOptimizer::Impl& opt = av.opt();
-  opt.overlap.wait_all();  // the last step's queued all-gathers (config.overlap) land first
+  optim::AveragingPort& port = av.port;
+  port.wait_for_queued_work();  // the last step's queued all-gathers (config.overlap) land first
   comm::AgreementRecord record("PostLocalSGDOptimizer::save");
   record.field("averager step", fmt::format("{}", av.step));
   record.validate([&] {
-    optim::check_no_open_round(opt, "save");
+    port.check_no_open_round("save");
     SHARDOPT_CHECK(!dir.empty(), invalid_argument, "save: the directory is empty");
   });
   comm::agree(world, record);
@@ -207,7 +171,8 @@ void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   try {
     av.optimizer.save(join_path(dir, replica_dir(save_id, av.groups.replica_index)));
     if (av.config.outer.enabled && av.groups.replica_index == 0) {
-      const OuterFile outer = write_outer_file(av, dir, outer_file_name(save_id, av.groups.local_rank));
+      const OuterFile outer = write_outer_file(av.outer, port.params(), port.own_shard(), av.groups.local_rank,
+                                               dir, outer_file_name(save_id, av.groups.local_rank));
       wrote.value0 = static_cast<uint64_t>(outer.bytes);
       wrote.value1 = (static_cast<uint64_t>(av.groups.local_rank) << 32) | outer.crc32c;
     }
@@ -258,14 +223,14 @@ void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
 
 void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
-  ZeroOptimizer::Impl& opt = av.opt();
-  opt.overlap.wait_all();  // the last step's queued all-gathers (config.overlap) land first
+  optim::AveragingPort& port = av.port;
+  port.wait_for_queued_work();  // the last step's queued all-gathers (config.overlap) land first
   // Every rank reads the record itself (a checkpoint lives on a filesystem all ranks share);
   // the ranks agree that they read the same one and that it fits this job before anything.
   Record r;
   comm::AgreementRecord record("PostLocalSGDOptimizer::load");
   record.validate([&] {
-    optim::check_no_open_round(opt, "load");
+    port.check_no_open_round("load");
     r = read_record(dir);
     SHARDOPT_CHECK(r.replicas == av.groups.num_replicas, mismatch,
                    "load: '{}' holds {} replicas, this job has {}", dir, r.replicas, av.groups.num_replicas);
@@ -280,40 +245,49 @@ void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   record.field("record", fmt::format("save {} at averager step {}", r.save_id, r.averager_step));
   comm::agree(world, record);
 
-  // Every replica's checkpoint verifies before any replica changes.
+  // Every replica's checkpoint verifies before any replica changes, and so does the outer
+  // optimizer's state: its files name the parameters and the layout they follow, checked against
+  // the replica checkpoint's parameters and trainable flags (those the load installs). The
+  // replica's first rank reads every file whole, the others their headers.
+  const std::string replica = join_path(dir, replica_dir(r.save_id, av.groups.replica_index));
+  SavedOuterState saved;
   Outcome verified;
   try {
-    if (opt.dev.rank() == 0) verify_checkpoint(join_path(dir, replica_dir(r.save_id, av.groups.replica_index)));
+    if (port.replica_rank() == 0) verify_checkpoint(replica);
+    if (r.outer) {
+      saved = read_outer_layout(dir, r.outer_files, checkpoint::read_manifest(replica).params, port.replica_rank() == 0);
+    }
   } catch (const Error& e) {
     verified.fail(e);
   }
-  checkpoint::agree_on_outcomes(world, verified, "load", "verifying the replicas");
-
-  OuterState outer;
-  Outcome read;
-  try {
-    if (r.outer) {
-      read_outer_file(dir, r.outer_files[static_cast<std::size_t>(av.groups.local_rank)], opt.shard.own_shard().numel,
-                      outer);
-    }
-  } catch (const Error& e) {
-    read.fail(e);
-  }
-  checkpoint::agree_on_outcomes(world, read, "load", "reading the outer optimizer's state");
+  checkpoint::agree_on_outcomes(world, verified, "load", "verifying the replicas and the outer optimizer's state");
 
   Outcome loaded;
   try {
-    av.optimizer.load(join_path(dir, replica_dir(r.save_id, av.groups.replica_index)));
+    av.optimizer.load(replica);
   } catch (const Error& e) {
     loaded.fail(e);
   }
   checkpoint::agree_on_outcomes(world, loaded, "load", "loading the replicas");
+
+  // Only now is the layout known (the load may have changed the trainable flags): each element
+  // of the outer state goes where this layout keeps that parameter's element, whatever the
+  // partition or shard it was saved from.
+  OuterState outer;
+  Outcome mapped;
+  try {
+    if (r.outer) map_outer_state(saved, port.params(), port.own_shard(), outer);
+  } catch (const Error& e) {
+    mapped.fail(e);
+  }
+  checkpoint::agree_on_outcomes(world, mapped, "load", "placing the outer optimizer's state");
   av.step = r.averager_step;
   if (r.outer) {
     av.outer.anchor = std::move(outer.anchor);
     av.outer.momentum = std::move(outer.momentum);
     av.outer.steps = r.outer_steps;
-    av.outer.layout_version = opt.shard.layout_version();
+    av.outer.values_generation = port.values_generation();
+    av.outer.provisional = false;
   }
 }
 

@@ -3,7 +3,7 @@
 
 #include "averaging/averaging_schedule.hpp"
 #include "averaging/model_averager_impl.hpp"
-#include "averaging/shard_values.hpp"
+#include "averaging/span_collectives.hpp"
 #include "comm/agreement.hpp"
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
@@ -17,16 +17,15 @@ namespace {
 
 // What every rank of the world must agree on about its replica's optimizer: replicas that
 // registered different models would "average" unrelated values.
-void add_replica_fields(ZeroOptimizer::Impl& im, AgreementRecord& record) {
-  const optim::ShardState& shard = im.shard;
-  record.field("replica algorithm", algorithm_name(im.config.algorithm));
-  record.field("replica dtype", dtype_name(shard.dtype()));
-  record.field("replica storage", im.config.storage == Storage::bucket_view ? "bucket_view" : "external");
-  record.field("replica sharding", im.config.shard_state ? partition_name(im.config.partition) : "replicated");
-  record.field("replica parameters", fmt::format("{}", im.table.size()));
+void add_replica_fields(const optim::AveragingPort& port, AgreementRecord& record) {
+  const OptimizerConfig& config = port.config();
+  record.field("replica algorithm", algorithm_name(config.algorithm));
+  record.field("replica dtype", dtype_name(port.dtype()));
+  record.field("replica storage", config.storage == Storage::bucket_view ? "bucket_view" : "external");
+  record.field("replica sharding", config.shard_state ? partition_name(config.partition) : "replicated");
+  record.field("replica parameters", fmt::format("{}", port.params().size()));
   uint64_t hash = comm::fnv1a("");
-  for (std::size_t i = 0; i < im.table.size(); ++i) {
-    const optim::ParamRecord& p = im.table.params()[i];
+  for (const optim::ParamRecord& p : port.params()) {
     hash = comm::fnv1a(fmt::format("{}:{}:{};", p.name, p.numel, p.trainable ? 't' : 'f'), hash);
   }
   record.field("replica parameter names, sizes and trainable flags", fmt::format("hash {:#018x}", hash));
@@ -46,36 +45,46 @@ void add_config_fields(const AveragerConfig& config, AgreementRecord& record) {
 
 }  // namespace
 
-void ModelAverager::Impl::snapshot_anchor() {
-  const optim::ShardState& shard = opt().shard;
-  const int64_t numel = shard.own_shard().numel;
+void ModelAverager::Impl::take_anchor() {
+  const int64_t numel = port.own_shard().numel;
   outer.anchor.assign(static_cast<std::size_t>(numel), 0.f);
   outer.momentum.assign(static_cast<std::size_t>(numel), 0.f);
   outer.steps = 0;
-  outer.layout_version = shard.layout_version();
-  for (const averaging::ValueSpan& s : averaging::shard_value_spans(shard)) {
+  outer.values_generation = port.values_generation();
+  outer.provisional = false;
+  for (const optim::ValueSpan& s : port.shard_values()) {
     std::copy(s.data, s.data + s.count, outer.anchor.begin() + s.shard_offset);
   }
+}
+
+bool ModelAverager::Impl::anchor_replaced() { return outer.values_generation != port.values_generation(); }
+
+void ModelAverager::Impl::retake_stale_anchor() {
+  if (!config.outer.enabled || !(outer.provisional || anchor_replaced())) return;
+  // The last step's queued all-gathers (config.overlap) land first; they never write this
+  // rank's own shard, but the anchor is read whole.
+  port.wait_for_queued_work();
+  take_anchor();
 }
 
 ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer& optimizer, AveragerConfig config)
     : impl_(std::make_unique<Impl>(world, optimizer)) {
   SHARDOPT_CHECK(world != nullptr, invalid_argument, "ModelAverager: the world communicator is null");
   Impl& im = *impl_;
-  ZeroOptimizer::Impl& opt = im.opt();
-  Communicator& replica = opt.dev.host_comm();
+  optim::AveragingPort& port = im.port;
+  Communicator& replica = port.replica();
   // The agreement comes first, before any collective on the replica: a rank whose arguments
   // failed joins it (or never arrives), so the others fail here instead of waiting in a
   // replica collective that rank will never join.
   AgreementRecord record("ModelAverager");
   record.validate([&] {
     im.config = averaging::validated_config(config, world->size());
-    SHARDOPT_CHECK(!opt.dev.on_device(), unsupported,
+    SHARDOPT_CHECK(!port.on_device(), unsupported,
                    "ModelAverager: the optimizer's parameters are on {}; model averaging runs on CPU parameters only",
-                   device_name(opt.dev.device()));
+                   device_name(port.device()));
   });
   add_config_fields(config, record);
-  add_replica_fields(opt, record);
+  add_replica_fields(port, record);
   record.set_payload(0, static_cast<uint64_t>(replica.size()));
   record.set_payload(1, static_cast<uint64_t>(replica.rank()));
   const std::vector<comm::Payload> payloads = comm::agree(*world, record);
@@ -91,52 +100,61 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
   }
   // Every rank holds the same list, so every rank raises the same error, or none does.
   im.groups = averaging::make_replica_groups(*world, places, im.config);
-  if (im.config.outer.enabled) im.snapshot_anchor();
+  // Provisional: the caller may still write the model's weights through the views.
+  if (im.config.outer.enabled) {
+    im.take_anchor();
+    im.outer.provisional = true;
+  }
 }
 
 ModelAverager::~ModelAverager() = default;
 
 void ModelAverager::average_parameters() {
   Impl& im = *impl_;
-  ZeroOptimizer::Impl& opt = im.opt();
+  optim::AveragingPort& port = im.port;
   // A background save may still be reading the parameters averaged below (async_save.hpp).
-  opt.async_save.wait_for_sources();
+  port.wait_for_save_sources();
   // With config.overlap the last step's all-gathers may still be queued on the optimizer's
   // communication thread; the averaging collectives below must not run beside them.
-  opt.overlap.wait_all();
+  port.wait_for_queued_work();
   const int level = averaging::level_at(im.config, im.step);
   if (level >= 0) {
     const bool outer_step = im.config.outer.enabled && level + 1 == static_cast<int>(im.config.levels.size());
+    // The values were replaced (a load, a state dict, a layout change) after the local phase
+    // began, and nobody retook the anchor then: the drift from it means nothing. The outer
+    // optimizer restarts from this average instead (plain averaging this once).
+    const bool outer_restart = outer_step && im.anchor_replaced();
     Communicator& peers = *im.groups.level_peers[static_cast<std::size_t>(level)];
-    const optim::ShardState& shard = opt.shard;
-    // The replica's ranks, then the partners of this shard, agree on the step and the layout.
+    // The replica's ranks, then the partners of this shard, agree on the step, the outer
+    // optimizer's state and the layout.
     AgreementRecord record("average_parameters");
     record.field("averager step", fmt::format("{}", im.step));
-    record.validate([&] {
-      optim::check_no_open_round(opt, "average_parameters");
-      SHARDOPT_CHECK(!outer_step || im.outer.layout_version == shard.layout_version(), invalid_argument,
-                     "average_parameters: the optimizer's layout changed (set_trainable or add_param_group) since the "
-                     "outer optimizer's state was taken; build a new averager");
-    });
-    comm::agree(opt.dev.host_comm(), record);
-    record.field("shard elements", fmt::format("{}", shard.own_shard().numel));
+    if (outer_step) {
+      record.field("outer optimizer", outer_restart ? std::string("restarting (parameters replaced since its anchor)")
+                                                    : fmt::format("{} steps taken", im.outer.steps));
+    }
+    record.validate([&] { port.check_no_open_round("average_parameters"); });
+    comm::agree(port.replica(), record);
+    record.field("shard elements", fmt::format("{}", port.own_shard().numel));
     if (peers.size() > 1) comm::agree(peers, record);
 
-    const std::vector<averaging::ValueSpan> values = averaging::shard_value_spans(shard);
+    const std::vector<optim::ValueSpan> values = port.shard_values();
     std::vector<averaging::HostSpan> spans;
-    for (const averaging::ValueSpan& v : values) spans.push_back(averaging::HostSpan{v.data, v.count});
+    for (const optim::ValueSpan& v : values) spans.push_back(averaging::HostSpan{v.data, v.count});
     const int threads = im.optimizer.config().cpu_threads;
     const float replicas = static_cast<float>(peers.size());
     // torch's average_parameters: each value divided by the group's size, then summed.
     im.counts.averaging_bytes += averaging::all_reduce_spans(
         peers, spans, DType::f32, std::max<int64_t>(16, im.config.bucket_bytes / 4), ReduceOp::sum,
         [&](void* data, int64_t n) { kernels::divide_cpu(data, DType::f32, n, replicas, threads); });
-    if (outer_step) {
+    if (outer_restart) {
+      im.take_anchor();
+    } else if (outer_step) {
       const OuterOptimizer& o = im.config.outer;
       const kernels::SgdScalars scalars =
           kernels::make_sgd_scalars(o.lr, o.momentum, 0.0, 0.0, o.nesterov, false, im.outer.steps == 0);
       std::vector<float> pseudo_grad;
-      for (const averaging::ValueSpan& v : values) {
+      for (const optim::ValueSpan& v : values) {
         float* anchor = im.outer.anchor.data() + v.shard_offset;
         pseudo_grad.resize(static_cast<std::size_t>(v.count));
         for (int64_t i = 0; i < v.count; ++i) pseudo_grad[static_cast<std::size_t>(i)] = anchor[i] - v.data[i];
@@ -146,13 +164,12 @@ void ModelAverager::average_parameters() {
       }
       ++im.outer.steps;
     }
-    averaging::publish_shard_values(shard, threads);
-    opt.sync.sync();
+    port.publish_shard_values(threads);
     ++im.counts.averages;
   }
   ++im.step;
   // The outer optimizer measures the replicas' drift from where the local phase starts.
-  if (im.config.outer.enabled && im.step == im.config.warmup_steps) im.snapshot_anchor();
+  if (im.config.outer.enabled && im.step == im.config.warmup_steps) im.take_anchor();
 }
 
 int ModelAverager::next_group_size() const {
@@ -164,8 +181,15 @@ int64_t ModelAverager::step() const { return impl_->step; }
 
 void ModelAverager::set_step(int64_t step) {
   SHARDOPT_CHECK(step >= 0, invalid_argument, "ModelAverager::set_step: the step must be >= 0, got {}", step);
-  impl_->step = step;
-  if (impl_->config.outer.enabled && step <= impl_->config.warmup_steps) impl_->snapshot_anchor();
+  Impl& im = *impl_;
+  im.step = step;
+  // A new schedule position (a resume, or a jump past warmup): the local phase starts from the
+  // parameters as they are, or as PostLocalSGDOptimizer finds them when its next round begins
+  // (the caller may write the weights after this call).
+  if (im.config.outer.enabled) {
+    im.take_anchor();
+    im.outer.provisional = true;
+  }
 }
 
 const AveragerConfig& ModelAverager::config() const { return impl_->config; }

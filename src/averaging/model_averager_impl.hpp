@@ -5,33 +5,52 @@
 #include <vector>
 
 #include "averaging/replica_groups.hpp"
-#include "optim/zero_optimizer_impl.hpp"
+#include "optim/averaging_port.hpp"
 #include "shardopt/averaging.hpp"
 
 namespace shardopt {
 
 // The outer optimizer's state over this rank's shard (f32, indexed like the shard).
+//
+// The anchor is where the replicas' current local phase started: the values of the last
+// world-level sync, or of wherever the local phase began (construction, the end of warmup,
+// set_step, parameters replaced by a load). It goes stale when the parameters may have been
+// replaced since it was taken: `provisional` (taken at construction or set_step, before the
+// caller may have written weights through the views) or a new values generation of the shard
+// (a load, a state dict, a layout change). PostLocalSGDOptimizer retakes a stale anchor when its
+// next round begins, before any parameter moves; a ModelAverager on its own, which never sees
+// the optimizer's step begin, keeps a provisional anchor and restarts the outer optimizer from
+// the next world-level average when the values were replaced.
 struct OuterState {
-  std::vector<float> anchor;    // the values of the last world-level sync
+  std::vector<float> anchor;    // the values where the current local phase started
   std::vector<float> momentum;  // torch SGD's momentum_buffer
   int64_t steps = 0;            // outer steps taken (0: the buffer does not exist yet)
-  uint64_t layout_version = 0;  // of the optimizer's layout the vectors follow
+  uint64_t values_generation = 0;  // the shard's values generation the vectors follow
+  bool provisional = false;        // retake at the next round's start (PostLocalSGDOptimizer)
 };
 
 struct ModelAverager::Impl {
-  Impl(std::shared_ptr<Communicator> w, ZeroOptimizer& opt) : world(std::move(w)), optimizer(opt) {}
+  Impl(std::shared_ptr<Communicator> w, ZeroOptimizer& opt) : world(std::move(w)), optimizer(opt), port(opt) {}
 
   std::shared_ptr<Communicator> world;
   ZeroOptimizer& optimizer;
+  optim::AveragingPort port;  // all averaging reaches of the optimizer beyond its public API
   AveragerConfig config;
   averaging::ReplicaGroups groups;
   int64_t step = 0;
   CommunicationCounts counts;
   OuterState outer;
 
-  ZeroOptimizer::Impl& opt() { return optimizer_internals(optimizer); }
-  // The outer optimizer starts from the current values of this rank's shard.
-  void snapshot_anchor();
+  // The outer optimizer starts afresh from the current values of this rank's shard (momentum
+  // zero, no steps taken).
+  void take_anchor();
+  // Whether the shard's values were replaced (load, state dict, layout change) since the
+  // anchor was taken.
+  bool anchor_replaced();
+  // At the start of a round, before any parameter moves: a stale anchor (provisional, or its
+  // values replaced) is retaken from the parameters as they are now. No-op without an outer
+  // optimizer.
+  void retake_stale_anchor();
 };
 
 }  // namespace shardopt

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "averaging/post_local_sgd_impl.hpp"
-#include "averaging/shard_values.hpp"
+#include "averaging/span_collectives.hpp"
 #include "comm/agreement.hpp"
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
@@ -29,11 +29,13 @@ struct PostLocalSGDOptimizer::Impl {
     Communicator& peers = *avg().groups.world_peers;
     return in_warmup() && peers.size() > 1 ? &peers : nullptr;
   }
-  int64_t element_bytes() { return static_cast<int64_t>(dtype_size(avg().opt().shard.dtype())); }
+  optim::AveragingPort& port() { return avg().port; }
+  int64_t element_bytes() { return static_cast<int64_t>(dtype_size(port().dtype())); }
+  // Elements of one warmup collective (the optimizer's bucket_bytes).
+  int64_t bucket_elements() { return std::max<int64_t>(16, port().config().bucket_bytes / element_bytes()); }
   // The replica's own reduction hands every trainable gradient once when it has several ranks.
   void count_replica_reduction() {
-    ZeroOptimizer::Impl& opt = avg().opt();
-    if (opt.dev.world() > 1) avg().counts.gradient_bytes += opt.shard.layout().trainable_numel * element_bytes();
+    if (port().replica_size() > 1) avg().counts.gradient_bytes += port().trainable_numel() * element_bytes();
   }
 };
 
@@ -50,7 +52,7 @@ void refuse_overlapped_warmup(const std::shared_ptr<Communicator>& world, ZeroOp
   comm::AgreementRecord record("PostLocalSGDOptimizer");
   record.validate([&] {
     const OverlapPolicy overlap = optimizer.config().overlap;
-    const int replica = optimizer_internals(optimizer).dev.world();
+    const int replica = optim::AveragingPort(optimizer).replica_size();
     const bool gradients_cross = config.warmup_steps > 0 && world->size() > replica;
     SHARDOPT_CHECK(overlap == OverlapPolicy::off || !gradients_cross, unsupported,
                    "PostLocalSGDOptimizer with an optimizer whose config.overlap is {}: post-local SGD's warmup "
@@ -72,21 +74,32 @@ PostLocalSGDOptimizer::~PostLocalSGDOptimizer() = default;
 
 void PostLocalSGDOptimizer::reduce_gradients() {
   Impl& im = *impl_;
-  ZeroOptimizer::Impl& opt = im.avg().opt();
+  optim::AveragingPort& port = im.port();
+  im.avg().retake_stale_anchor();  // before per_bucket's updates may move any parameter
   Communicator* peers = im.warmup_peers();
   // Stage-2 bucket view took its gradients through reduce_gradient(), averaged there already.
-  if (peers != nullptr && !(opt.shard.stage2() && opt.shard.bucket_view())) {
+  if (peers != nullptr && !port.gradients_handed_one_by_one()) {
+    std::vector<averaging::HostSpan> spans;
+    // Which gradients cross, in which order: replicas whose trainable flags differ (set_trainable
+    // is collective within a replica only) would otherwise sum unrelated gradients, or issue
+    // all-reduces of different sizes.
+    uint64_t handed = comm::fnv1a("");
+    int64_t elements = 0;
+    for (std::size_t i = 0; i < port.params().size(); ++i) {
+      const optim::ParamRecord& p = port.params()[i];
+      if (!p.trainable || p.numel == 0) continue;
+      spans.push_back(averaging::HostSpan{port.grad_ptr(i), p.numel});
+      handed = comm::fnv1a(fmt::format("{}:{};", p.name, p.numel), handed);
+      elements += p.numel;
+    }
     comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradients");
     record.field("averager step", fmt::format("{}", im.averager.step()));
+    record.field("gradients averaged across the replicas (names and sizes, in order)",
+                 fmt::format("{} parameters, {} elements of {}, hash {:#018x}", spans.size(), elements,
+                             dtype_name(port.dtype()), handed));
     comm::agree(*peers, record);
-    std::vector<averaging::HostSpan> spans;
-    for (std::size_t i = 0; i < opt.table.size(); ++i) {
-      const optim::ParamRecord& p = opt.table.params()[i];
-      if (p.trainable && p.numel > 0) spans.push_back(averaging::HostSpan{opt.shard.grad_ptr(i), p.numel});
-    }
-    im.avg().counts.gradient_bytes += averaging::all_reduce_spans(
-        *peers, spans, opt.shard.dtype(), std::max<int64_t>(16, opt.config.bucket_bytes / im.element_bytes()),
-        ReduceOp::avg);
+    im.avg().counts.gradient_bytes +=
+        averaging::all_reduce_spans(*peers, spans, port.dtype(), im.bucket_elements(), ReduceOp::avg);
   }
   im.optimizer.reduce_gradients();
   im.count_replica_reduction();
@@ -94,18 +107,29 @@ void PostLocalSGDOptimizer::reduce_gradients() {
 
 void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
   Impl& im = *impl_;
+  im.avg().retake_stale_anchor();  // the round's first hand-over comes before any update
   Communicator* peers = im.warmup_peers();
   if (peers == nullptr) {
     im.optimizer.reduce_gradient(id, grad);
     return;
   }
-  ZeroOptimizer::Impl& opt = im.avg().opt();
-  const optim::ParamRecord& p = opt.table.param(id);
-  SHARDOPT_CHECK(grad.data != nullptr && grad.numel == p.numel && grad.dtype == p.dtype && grad.device.is_cpu(),
-                 invalid_argument,
-                 "reduce_gradient('{}'): expected {} {} elements on cpu, got {} {} elements at {} on {}", p.name,
-                 p.numel, dtype_name(p.dtype), grad.numel, dtype_name(grad.dtype), grad.data,
-                 device_name(grad.device));
+  // The ranks agree on the parameter before its gradient crosses the replicas: ranks handing
+  // parameters in different orders would average different parameters of equal size, or
+  // all-reduce different sizes; a bad gradient on one rank fails every rank.
+  comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradient");
+  record.field("averager step", fmt::format("{}", im.averager.step()));
+  std::string handed = "none (invalid)";
+  record.validate([&] {
+    const optim::ParamRecord& p = im.port().param(id);
+    SHARDOPT_CHECK(grad.data != nullptr && grad.numel == p.numel && grad.dtype == p.dtype && grad.device.is_cpu(),
+                   invalid_argument,
+                   "reduce_gradient('{}'): expected {} {} elements on cpu, got {} {} elements at {} on {}", p.name,
+                   p.numel, dtype_name(p.dtype), grad.numel, dtype_name(grad.dtype), grad.data,
+                   device_name(grad.device));
+    handed = fmt::format("'{}' ({} {} elements)", p.name, p.numel, dtype_name(p.dtype));
+  });
+  record.field("parameter", handed);
+  comm::agree(*peers, record);
   // The caller's gradient is read-only: average a copy across the replicas, then hand that.
   std::vector<char>& copy = im.hand_copy;
   copy.resize(grad.nbytes());
@@ -114,13 +138,13 @@ void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
   // (the next call starts a new one).
   im.avg().counts.gradient_bytes += comm::run_keeping_on_failure(copy, [&] {
     return averaging::all_reduce_spans(*peers, {averaging::HostSpan{copy.data(), grad.numel}}, grad.dtype,
-                                       std::max<int64_t>(16, opt.config.bucket_bytes / im.element_bytes()),
-                                       ReduceOp::avg);
+                                       im.bucket_elements(), ReduceOp::avg);
   });
   im.optimizer.reduce_gradient(id, TensorRef{copy.data(), grad.numel, grad.dtype, grad.device});
 }
 
 void PostLocalSGDOptimizer::step() {
+  impl_->avg().retake_stale_anchor();  // a round whose gradients were handed to the optimizer directly
   impl_->optimizer.step();
   impl_->averager.average_parameters();
 }

@@ -125,6 +125,7 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   layout_ = std::move(next);
   has_layout_ = true;
   ++layout_version_;
+  ++values_generation_;
   refresh_runs();
   // bf16/f16: params that have not stepped (new, or thawed) start their master at their value;
   // the others keep the master migrated above.
@@ -294,6 +295,7 @@ void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, con
     seed_masters(seed);
   }
   refresh_runs();
+  ++values_generation_;
 }
 
 }  // namespace optim

@@ -84,6 +84,10 @@ class ShardState {
   const partition::Layout& layout() const { return layout_; }
   const partition::RankShard& own_shard() const { return layout_.shards[static_cast<std::size_t>(dev_.rank())]; }
   uint64_t layout_version() const { return layout_version_; }
+  // Bumps whenever the shard's values or state are replaced from outside the update: a layout
+  // change, or a checkpoint or state dict installed (install_state). Parameters written through
+  // views are not seen here.
+  uint64_t values_generation() const { return values_generation_; }
   bool sharded() const { return config_.shard_state && dev_.world() > 1; }
   bool stage2() const { return config_.stage == 2; }
   bool bucket_view() const { return config_.storage == Storage::bucket_view; }
@@ -143,6 +147,7 @@ class ShardState {
   partition::Layout layout_;
   bool has_layout_ = false;
   uint64_t layout_version_ = 0;
+  uint64_t values_generation_ = 0;
   StateBuffers state_;          // f32, over this rank's shard
   StateMask state_in_use_{};    // the same on every rank, even where a shard is empty
   core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params

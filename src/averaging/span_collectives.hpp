@@ -1,29 +1,14 @@
-// src/averaging/shard_values.hpp — the f32 values that make up this rank's shard of a replica (params, or fp32 masters of 16-bit params), and collectives over lists of host spans.
+// src/averaging/span_collectives.hpp — collectives over lists of host spans (the averaged shard values, warmup's gradients).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
-#include "optim/shard_state.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt {
 namespace averaging {
-
-// A piece of this rank's shard: `count` f32 values at `data`, at `shard_offset` in the shard.
-struct ValueSpan {
-  float* data = nullptr;
-  int64_t count = 0;
-  int64_t shard_offset = 0;
-};
-
-// The trainable values this rank updates, segment by segment: the parameters themselves (f32)
-// or their fp32 masters (bf16/f16), the values the next update starts from.
-std::vector<ValueSpan> shard_value_spans(const optim::ShardState& shard);
-// After the values changed: 16-bit parameters take their masters rounded to nearest even.
-// (The replica's parameter sync then spreads the shard.)
-void publish_shard_values(const optim::ShardState& shard, int threads);
 
 struct HostSpan {
   void* data = nullptr;

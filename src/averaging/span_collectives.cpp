@@ -1,40 +1,13 @@
-// src/averaging/shard_values.cpp — this rank's shard values as spans, their publication into 16-bit params, and bucketed all-reduces over span lists.
-#include "averaging/shard_values.hpp"
+// src/averaging/span_collectives.cpp — bucketed all-reduces over lists of host spans.
+#include "averaging/span_collectives.hpp"
 
 #include <algorithm>
 #include <cstring>
 
 #include "comm/raw_collectives.hpp"
-#include "cpu/update_cpu.hpp"
 
 namespace shardopt {
 namespace averaging {
-
-std::vector<ValueSpan> shard_value_spans(const optim::ShardState& shard) {
-  std::vector<ValueSpan> spans;
-  const DType dt = shard.dtype();
-  for (const partition::Segment& s : shard.own_shard().segments) {
-    if (s.length == 0) continue;
-    float* values = dt == DType::f32
-                        ? reinterpret_cast<float*>(optim::element(shard.param_ptr(static_cast<std::size_t>(s.param)),
-                                                                  s.param_offset, dt))
-                        : shard.state_data(optim::kMaster) + s.shard_offset;
-    spans.push_back(ValueSpan{values, s.length, s.shard_offset});
-  }
-  return spans;
-}
-
-void publish_shard_values(const optim::ShardState& shard, int threads) {
-  const DType dt = shard.dtype();
-  if (dt == DType::f32) return;
-  const float* master = shard.state_data(optim::kMaster);
-  for (const partition::Segment& s : shard.own_shard().segments) {
-    if (s.length == 0) continue;
-    kernels::narrow_cpu(master + s.shard_offset,
-                        optim::element(shard.param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dt), dt,
-                        s.length, threads);
-  }
-}
 
 namespace {
 
