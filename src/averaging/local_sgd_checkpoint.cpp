@@ -133,13 +133,10 @@ Record read_record(const std::string& dir) {
 void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
   optim::AveragingPort& port = av.port;
-  port.wait_for_queued_work();  // the last step's queued all-gathers (config.overlap) land first
-  comm::AgreementRecord record("PostLocalSGDOptimizer::save");
+  // (The gate lets the last step's queued all-gathers land first.)
+  comm::AgreementRecord record = port.enter(optim::GateCall::replica_checkpoint, "PostLocalSGDOptimizer::save");
   record.field("averager step", fmt::format("{}", av.step));
-  record.validate([&] {
-    port.check_no_open_round("save");
-    SHARDOPT_CHECK(!dir.empty(), invalid_argument, "save: the directory is empty");
-  });
+  record.validate([&] { SHARDOPT_CHECK(!dir.empty(), invalid_argument, "save: the directory is empty"); });
   comm::agree(world, record);
 
   // The identity of this save: one past the current record's generation, and a random token.
@@ -224,13 +221,11 @@ void save_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
 void load_local_sgd(ModelAverager::Impl& av, const std::string& dir) {
   Communicator& world = *av.world;
   optim::AveragingPort& port = av.port;
-  port.wait_for_queued_work();  // the last step's queued all-gathers (config.overlap) land first
   // Every rank reads the record itself (a checkpoint lives on a filesystem all ranks share);
   // the ranks agree that they read the same one and that it fits this job before anything.
   Record r;
-  comm::AgreementRecord record("PostLocalSGDOptimizer::load");
+  comm::AgreementRecord record = port.enter(optim::GateCall::replica_checkpoint, "PostLocalSGDOptimizer::load");
   record.validate([&] {
-    port.check_no_open_round("load");
     r = read_record(dir);
     SHARDOPT_CHECK(r.replicas == av.groups.num_replicas, mismatch,
                    "load: '{}' holds {} replicas, this job has {}", dir, r.replicas, av.groups.num_replicas);

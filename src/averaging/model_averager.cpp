@@ -76,7 +76,7 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
   // The agreement comes first, before any collective on the replica: a rank whose arguments
   // failed joins it (or never arrives), so the others fail here instead of waiting in a
   // replica collective that rank will never join.
-  AgreementRecord record("ModelAverager");
+  AgreementRecord record = port.enter(optim::GateCall::attach_averager, "ModelAverager");
   record.validate([&] {
     im.config = averaging::validated_config(config, world->size());
     SHARDOPT_CHECK(!port.on_device(), unsupported,
@@ -112,11 +112,6 @@ ModelAverager::~ModelAverager() = default;
 void ModelAverager::average_parameters() {
   Impl& im = *impl_;
   optim::AveragingPort& port = im.port;
-  // A background save may still be reading the parameters averaged below (async_save.hpp).
-  port.wait_for_save_sources();
-  // With config.overlap the last step's all-gathers may still be queued on the optimizer's
-  // communication thread; the averaging collectives below must not run beside them.
-  port.wait_for_queued_work();
   const int level = averaging::level_at(im.config, im.step);
   if (level >= 0) {
     const bool outer_step = im.config.outer.enabled && level + 1 == static_cast<int>(im.config.levels.size());
@@ -127,13 +122,14 @@ void ModelAverager::average_parameters() {
     Communicator& peers = *im.groups.level_peers[static_cast<std::size_t>(level)];
     // The replica's ranks, then the partners of this shard, agree on the step, the outer
     // optimizer's state and the layout.
-    AgreementRecord record("average_parameters");
+    // The gate: a background save done reading the values averaged below, the last step's
+    // all-gathers (config.overlap) landed, and no gradient round open.
+    AgreementRecord record = port.enter(optim::GateCall::average_parameters, "average_parameters");
     record.field("averager step", fmt::format("{}", im.step));
     if (outer_step) {
       record.field("outer optimizer", outer_restart ? std::string("restarting (parameters replaced since its anchor)")
                                                     : fmt::format("{} steps taken", im.outer.steps));
     }
-    record.validate([&] { port.check_no_open_round("average_parameters"); });
     comm::agree(port.replica(), record);
     record.field("shard elements", fmt::format("{}", port.own_shard().numel));
     if (peers.size() > 1) comm::agree(peers, record);

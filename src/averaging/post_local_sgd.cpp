@@ -49,7 +49,8 @@ namespace {
 void refuse_overlapped_warmup(const std::shared_ptr<Communicator>& world, ZeroOptimizer& optimizer,
                               const AveragerConfig& config) {
   SHARDOPT_CHECK(world != nullptr, invalid_argument, "PostLocalSGDOptimizer: the world communicator is null");
-  comm::AgreementRecord record("PostLocalSGDOptimizer");
+  comm::AgreementRecord record =
+      optim::AveragingPort(optimizer).enter(optim::GateCall::attach_averager, "PostLocalSGDOptimizer");
   record.validate([&] {
     const OverlapPolicy overlap = optimizer.config().overlap;
     const int replica = optim::AveragingPort(optimizer).replica_size();
@@ -92,7 +93,8 @@ void PostLocalSGDOptimizer::reduce_gradients() {
       handed = comm::fnv1a(fmt::format("{}:{};", p.name, p.numel), handed);
       elements += p.numel;
     }
-    comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradients");
+    comm::AgreementRecord record =
+        port.enter(optim::GateCall::average_gradients, "PostLocalSGDOptimizer::reduce_gradients");
     record.field("averager step", fmt::format("{}", im.averager.step()));
     record.field("gradients averaged across the replicas (names and sizes, in order)",
                  fmt::format("{} parameters, {} elements of {}, hash {:#018x}", spans.size(), elements,
@@ -116,7 +118,8 @@ void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
   // The ranks agree on the parameter before its gradient crosses the replicas: ranks handing
   // parameters in different orders would average different parameters of equal size, or
   // all-reduce different sizes; a bad gradient on one rank fails every rank.
-  comm::AgreementRecord record("PostLocalSGDOptimizer::reduce_gradient");
+  comm::AgreementRecord record =
+      im.port().enter(optim::GateCall::average_gradients, "PostLocalSGDOptimizer::reduce_gradient");
   record.field("averager step", fmt::format("{}", im.averager.step()));
   std::string handed = "none (invalid)";
   record.validate([&] {
@@ -173,7 +176,8 @@ void PostLocalSGDOptimizer::load_state_dict(const PostLocalSGDStateDict& state) 
   Impl& im = *impl_;
   // The averager's step decides when the replicas meet: every rank of the world must take the
   // same one, so the world agrees on it before anything changes.
-  comm::AgreementRecord record("PostLocalSGDOptimizer::load_state_dict");
+  comm::AgreementRecord record =
+      im.port().enter(optim::GateCall::load_state_dict, "PostLocalSGDOptimizer::load_state_dict");
   record.validate([&] {
     SHARDOPT_CHECK(!state.has_step || state.step >= 0, invalid_argument,
                    "load_state_dict: the averager's step must be >= 0, got {}", state.step);

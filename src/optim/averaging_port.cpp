@@ -44,9 +44,10 @@ std::vector<ValueSpan> AveragingPort::shard_values() const {
 bool AveragingPort::gradients_handed_one_by_one() const { return im_.shard.stage2() && im_.shard.bucket_view(); }
 void* AveragingPort::grad_ptr(std::size_t i) const { return im_.shard.grad_ptr(i); }
 
-void AveragingPort::wait_for_save_sources() { im_.async_save.wait_for_sources(); }
+comm::AgreementRecord AveragingPort::enter(GateCall call, std::string operation) {
+  return optim::enter(im_, call, std::move(operation));
+}
 void AveragingPort::wait_for_queued_work() { im_.overlap.wait_all(); }
-void AveragingPort::check_no_open_round(const char* what) const { optim::check_no_open_round(im_, what); }
 
 void AveragingPort::publish_shard_values(int threads) {
   const ShardState& shard = im_.shard;

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/agreement.hpp"
 #include "optim/param_table.hpp"
+#include "optim/round_gate.hpp"
 #include "partition/partition.hpp"
 #include "shardopt/communicator.hpp"
 #include "shardopt/optimizer.hpp"
@@ -58,13 +60,14 @@ class AveragingPort {
   void* grad_ptr(std::size_t i) const;
 
   // ---- the order of work ----
-  // Waits for a background save still reading the values (save_async).
-  void wait_for_save_sources();
+  // An averaging call enters the optimizer's round gate (round_gate.hpp): what `call` needs is
+  // drained (the last step's queued all-gathers, a background save's reading), and the record
+  // returned carries this rank's refusal when the optimizer is inside a gradient round. The
+  // caller adds its fields and agrees over whichever ranks the call spans.
+  comm::AgreementRecord enter(GateCall call, std::string operation);
   // Waits for the communication thread's queued work (config.overlap): the last step's
-  // all-gathers land before anything reads or writes the values.
+  // all-gathers land before the values are read.
   void wait_for_queued_work();
-  // Error(invalid_argument) naming `what` while a gradient round is open (only step() may follow).
-  void check_no_open_round(const char* what) const;
   // Collective over the replica, after the shard values changed: 16-bit parameters take their
   // masters rounded to nearest even, then the parameter sync spreads every rank's shard.
   void publish_shard_values(int threads);

@@ -54,6 +54,12 @@ const std::vector<CallRule> kRules = {
      Leaves::unchanged, false, "replaces parameters with their average over the replicas"},
     {GateCall::replica_checkpoint, "replica checkpoint", kBetweenRounds, kDrainGathers | kDrainSaveReads,
      Leaves::unchanged, false, "saves or loads the local-SGD replicas and the outer optimizer"},
+    {GateCall::attach_averager, "attach averager", kBetweenRounds, kDrainGathers, Leaves::unchanged, false,
+     "agrees on the averaging config over the world; the outer optimizer's anchor reads the values"},
+    {GateCall::average_gradients, "average gradients", kBetweenRounds | kOpen, kDrainNothing, Leaves::unchanged,
+     false,
+     "post-local SGD's warmup averages each gradient across the replicas before handing it to the reduction "
+     "(refused at construction with overlap, whose thread reduces the same buffers)"},
 };
 
 void complete_pending_save(ZeroOptimizer::Impl& im) {

@@ -49,6 +49,8 @@ enum class GateCall {
   consolidate_state_dict,
   average_parameters,  // ModelAverager / PostLocalSGD: parameters averaged across replicas
   replica_checkpoint,  // save/load of the local-SGD replicas and the outer optimizer
+  attach_averager,     // a ModelAverager or PostLocalSGDOptimizer built over the optimizer
+  average_gradients,   // post-local SGD's warmup: gradients averaged across replicas before the reduction
 };
 
 // The state a call leaves when it succeeds.

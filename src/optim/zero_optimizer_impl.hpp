@@ -59,11 +59,5 @@ struct ZeroOptimizer::Impl {
 
 ZeroOptimizer::Impl& optimizer_internals(ZeroOptimizer& optimizer);
 
-namespace optim {
-// `what` (an averaging call) may run only between rounds: the gate's rule for averaging.
-inline void check_no_open_round(ZeroOptimizer::Impl& im, const char* what) {
-  check_legal(im, GateCall::average_parameters, what);
-}
-}  // namespace optim
 
 }  // namespace shardopt

@@ -25,7 +25,7 @@ TEST_CASE("round gate: one rule per call, each legal from some state", "[gate]")
     CHECK(r.from < (1u << kRoundStates));
     CHECK(&rule(r.call) == &r);
   }
-  CHECK(seen.size() == static_cast<std::size_t>(GateCall::replica_checkpoint) + 1);
+  CHECK(seen.size() == static_cast<std::size_t>(GateCall::average_gradients) + 1);
 }
 
 TEST_CASE("round gate: only step() finishes a per_bucket round, only reduce_gradients() an open one", "[gate]") {
@@ -33,7 +33,8 @@ TEST_CASE("round gate: only step() finishes a per_bucket round, only reduce_grad
     INFO(r.name);
     const bool commit_only = r.call == GateCall::wait_save;
     CHECK(allowed(r.call, RoundState::buckets_updated) == (r.call == GateCall::step || commit_only));
-    CHECK(allowed(r.call, RoundState::round_open) == (r.call == GateCall::reduce_gradients || commit_only));
+    const bool hand_over = r.call == GateCall::reduce_gradients || r.call == GateCall::average_gradients;
+    CHECK(allowed(r.call, RoundState::round_open) == (hand_over || commit_only));
     if (r.call != GateCall::construct) CHECK(allowed(r.call, RoundState::reduced));
   }
   // What drains what: calls that read or replace the buffers wait for the overlapped gathers;
