@@ -74,7 +74,7 @@ void init_optimizer(PyZeroOptimizer* self, std::shared_ptr<shardopt::Communicato
   std::unique_ptr<shardopt::ZeroOptimizer> opt;
   {
     nb::gil_scoped_release release;
-    opt = std::make_unique<shardopt::ZeroOptimizer>(comm, resolved, std::move(specs));
+    opt = std::make_unique<shardopt::ZeroOptimizer>(comm, std::move(specs), resolved);
   }
   new (self) PyZeroOptimizer{std::move(tensors), std::move(opt)};
 }
