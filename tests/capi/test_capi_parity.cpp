@@ -78,7 +78,7 @@ bool named(const std::vector<int32_t>& ids, int32_t id) {
 
 // ---- the C side ---------------------------------------------------------------------------------
 
-shardopt_optimizer_t c_create(shardopt_comm_t comm, const Initial& init) {
+shardopt_optimizer_t c_create(shardopt_comm_t comm, const Initial& init, int64_t overlap = SHARDOPT_OVERLAP_OFF) {
   std::vector<shardopt_param_desc> descs;
   for (std::size_t i = 0; i < kSizes.size(); ++i) {
     shardopt_param_desc d;
@@ -105,6 +105,7 @@ shardopt_optimizer_t c_create(shardopt_comm_t comm, const Initial& init) {
   shardopt_optimizer_config_init(&config);
   config.algorithm = SHARDOPT_ALGORITHM_ADAM;
   config.bucket_bytes = 64;  // several buckets
+  config.overlap = overlap;
   shardopt_optimizer_t opt = nullptr;
   const shardopt_status status = shardopt_optimizer_create(comm, &config, &group, 1, &opt);
   INFO(last_error());
@@ -287,6 +288,37 @@ TEST_CASE("step_without's bad input fails on every rank with its status and step
   REQUIRE(status == SHARDOPT_OK);
   CHECK(c_param_steps(opt) == std::vector<int64_t>{1, 0, 1, 1});
   CHECK(shardopt_optimizer_step_without(nullptr, nullptr, 0) == SHARDOPT_ERR_NULL_POINTER);
+  REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
+}
+
+TEST_CASE("step_without's bad input under overlap fails on every rank after the last step's gathers land",
+          "[capi][step_without][errors][overlap]") {
+  ShortComm comm;
+  const Initial init;
+  shardopt_optimizer_t opt = c_create(comm.get(), init, SHARDOPT_OVERLAP_AFTER_BACKWARD);
+  const bool mine = comm.rank() == comm.size() - 1;
+  const int32_t one = 1;
+  for (int s = 0; s < 2; ++s) {
+    // Handed in backward order; the first step's all-gathers are still in flight at the second.
+    c_write_grads(opt, s, comm.rank(), {});
+    for (int32_t id = static_cast<int32_t>(kSizes.size()) - 1; id >= 0; --id) {
+      REQUIRE(shardopt_optimizer_grad_ready(opt, id) == SHARDOPT_OK);
+    }
+    REQUIRE(shardopt_optimizer_reduce_gradients(opt) == SHARDOPT_OK);
+    if (s == 1) {
+      const shardopt_status status = shardopt_optimizer_step_without(opt, &one, mine ? -3 : 1);
+      const std::string message = last_error();
+      INFO(message);
+      CHECK(status == SHARDOPT_ERR_INVALID_ARGUMENT);
+      CHECK(contains(message, "count is -3"));
+      CHECK(c_param_steps(opt) == std::vector<int64_t>{1, 1, 1, 1});
+    }
+    const shardopt_status status = shardopt_optimizer_step_without(opt, s == 1 ? &one : nullptr, s);
+    INFO(last_error());
+    REQUIRE(status == SHARDOPT_OK);
+  }
+  REQUIRE(shardopt_optimizer_wait_all(opt) == SHARDOPT_OK);
+  CHECK(c_param_steps(opt) == std::vector<int64_t>{2, 1, 2, 2});
   REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
 }
 
