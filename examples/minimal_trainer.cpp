@@ -11,7 +11,7 @@ int main() {
   shardopt::ParamGroupSpec group;
   group.hyper.lr = 1e-3;
   group.params = {{"fc.weight", {w.data(), 1000}, {}}, {"fc.bias", {b.data(), 10}, {}}};
-  shardopt::ZeroOptimizer opt(comm, config, {group});  // collective: checks registrations agree
+  shardopt::ZeroOptimizer opt(comm, {group}, config);  // collective: checks registrations agree
 
   for (int step = 0; step < 3; ++step) {
     for (shardopt::ParamId id = 0; id < opt.num_params(); ++id) {

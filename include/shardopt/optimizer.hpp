@@ -241,6 +241,11 @@ class SHARDOPT_API ZeroOptimizer {
   // Collective over `comm`: every rank must pass the same config and register the same params
   // (names, numels, dtypes, groups, hyperparameters) in the same order; a mismatch raises
   // Error(mismatch) naming the first differing config field or parameter on every rank.
+  // Params before config, as torch's optimizers and shardopt.ZeroOptimizer in Python take them.
+  ZeroOptimizer(std::shared_ptr<Communicator> comm, std::vector<ParamGroupSpec> groups,
+                OptimizerConfig config = {});
+  // The earlier order (config before groups), kept for existing callers; the same optimizer.
+  // The C ABI's shardopt_optimizer_create keeps this order too.
   ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig config,
                 std::vector<ParamGroupSpec> groups);
   ~ZeroOptimizer();

@@ -434,7 +434,10 @@ typedef struct shardopt_optimizer_s* shardopt_optimizer_t;
 /* Collective over `comm`: every rank registers the same params (names, numels, dtypes, groups)
  * in the same order; a difference fails on every rank with SHARDOPT_ERR_MISMATCH naming the
  * first differing parameter. Params get ids 0, 1, ... in order across the groups. `config` may
- * be NULL (defaults). The optimizer keeps the communicator alive: `comm` may be destroyed first. */
+ * be NULL (defaults). The optimizer keeps the communicator alive: `comm` may be destroyed first.
+ * The arguments keep their first order, config before groups (this signature is part of the
+ * ABI): the C++ API's documented constructor takes (comm, groups, config), as Python's
+ * shardopt.ZeroOptimizer(comm, groups, config) does, and keeps (comm, config, groups) as well. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_create(shardopt_comm_t comm,
                                                          const shardopt_optimizer_config* config,
                                                          const shardopt_param_group_desc* groups,
@@ -546,12 +549,30 @@ SHARDOPT_C_API shardopt_status shardopt_optimizer_loss_scale(shardopt_optimizer_
 SHARDOPT_C_API shardopt_status shardopt_optimizer_set_loss_scale(shardopt_optimizer_t opt, double scale);
 /* Collective: updates this rank's shard, then syncs parameters to every rank. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_step(shardopt_optimizer_t opt);
+/* Collective: shardopt_optimizer_step, except that the `count` params in `ids` sit this step out
+ * (no update, no state or step-count change; their gradient buffers are not read), as torch's
+ * optimizers skip a param whose .grad is None. ZeroOptimizer::step(without_grad) in
+ * shardopt/optimizer.hpp. Every rank names the same params (in any order; repeats count once),
+ * or the step fails on every rank with SHARDOPT_ERR_MISMATCH. `ids` may be NULL when `count` is
+ * 0 (a plain step). An id out of range, a negative `count`, NULL `ids` with `count` > 0, or any
+ * `count` > 0 with config.overlap = per_bucket fails on every rank (SHARDOPT_ERR_INVALID_ARGUMENT;
+ * SHARDOPT_ERR_NULL_POINTER on the rank that passed NULL) and steps nothing. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_step_without(shardopt_optimizer_t opt, const int32_t* ids,
+                                                               int64_t count);
 /* Collective, for a rank out of inputs (uneven inputs): until every rank has joined, follows the
  * other ranks' gradient reductions, clipping and steps with zero gradients and its own shard's
  * update, so they can go on; returns once every rank has joined. Any other collective call while
  * a rank is joined fails with SHARDOPT_ERR_INVALID_ARGUMENT on every rank. See
  * ZeroOptimizer::join() in shardopt/optimizer.hpp. */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_join(shardopt_optimizer_t opt);
+/* Collective: one pass of shardopt_optimizer_join, for trainers whose own join loop calls a hook
+ * once per iteration (torch's Join): follows the active ranks' calls up to and including one
+ * step and sets *shadowed_a_step to 1, or sets it to 0 once every rank is in join_step or join
+ * (then every rank holds the same parameters); a failed call sets it to 0. `shadowed_a_step` may
+ * be NULL (refusing it on one rank alone would leave the others in the collective). Errors as shardopt_optimizer_join's:
+ * another collective call of the active ranks fails with SHARDOPT_ERR_INVALID_ARGUMENT on every
+ * rank, naming it and the joined rank. ZeroOptimizer::join_step() in shardopt/optimizer.hpp. */
+SHARDOPT_C_API shardopt_status shardopt_optimizer_join_step(shardopt_optimizer_t opt, int* shadowed_a_step);
 /* What the last step did. `out->struct_size` must be set by the caller (shardopt_step_report_init). */
 SHARDOPT_C_API shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_step_report* out);
 /* CUDA parameters: the cudaStream_t (as void*) all of the optimizer's device work runs on;

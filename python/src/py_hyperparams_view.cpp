@@ -1,9 +1,17 @@
-// python/src/py_hyperparams_view.cpp — HyperparamsView: making one for a group, and its equality with views, Hyperparams and param-group dicts.
+// python/src/py_hyperparams_view.cpp — HyperparamsView: making one for a group, its checked write, and its equality with views, Hyperparams and param-group dicts.
 #include "py_hyperparams_view.hpp"
 
+#include "optim/hyperparams.hpp"
 #include "py_hyperparams.hpp"
 
 namespace shardopt_python {
+
+void HyperparamsView::set(const shardopt::Hyperparams& next) const {
+  shardopt::ZeroOptimizer& o = opt();
+  // The public API has no check of its own: values are otherwise checked at the next step.
+  shardopt::optim::validate_hyperparams(next, o.config().algorithm, group);
+  o.hyperparams(group) = next;
+}
 
 HyperparamsView hyperparams_view(nb::handle self, int group) {
   nb::cast<PyZeroOptimizer&>(self).opt->hyperparams(group);  // raises for a group that does not exist

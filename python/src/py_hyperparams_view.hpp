@@ -3,7 +3,6 @@
 
 #include <nanobind/nanobind.h>
 
-#include "optim/hyperparams.hpp"
 #include "py_optimizer.hpp"
 
 namespace nb = nanobind;
@@ -21,11 +20,7 @@ struct HyperparamsView {
   shardopt::Hyperparams get() const { return opt().hyperparams(group); }
   // Checked before it is stored (as the C ABI's set_hyperparams does), so a refused value raises
   // at the assignment and leaves the group as it was.
-  void set(const shardopt::Hyperparams& next) const {
-    shardopt::ZeroOptimizer& o = opt();
-    shardopt::optim::validate_hyperparams(next, o.config().algorithm, group);
-    o.hyperparams(group) = next;
-  }
+  void set(const shardopt::Hyperparams& next) const;
 };
 
 // The view of `group` of the Python ZeroOptimizer `self`; raises for a group that does not exist.

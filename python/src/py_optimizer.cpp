@@ -1,16 +1,23 @@
-// python/src/py_optimizer.cpp — the Python ZeroOptimizer's construction: param-group dicts (torch's layout, tensors by DLPack) into ParamGroupSpecs, read on every rank before the collective create.
+// python/src/py_optimizer.cpp — the Python ZeroOptimizer's construction: param-group dicts (torch's layout, tensors by DLPack) into ParamGroupSpecs, read on every rank before the collective create (a failed read fails that create on every rank).
 #include "py_optimizer.hpp"
 
 #include <nanobind/stl/string.h>
 
 #include <utility>
 
+#include "comm/agreement.hpp"
 #include "py_hyperparams.hpp"
 
 namespace shardopt_python {
 
 using shardopt::Error;
 using shardopt::ErrorCode;
+
+void join_failed_call(shardopt::Communicator& comm, const char* what, const shardopt::Error& failure) {
+  nb::gil_scoped_release release;
+  // The public API has no way to fail an agreement from outside a call: the one internal reach.
+  shardopt::comm::join_failed(comm, what, failure);
+}
 
 namespace {
 
@@ -74,7 +81,7 @@ void init_optimizer(PyZeroOptimizer* self, std::shared_ptr<shardopt::Communicato
   std::unique_ptr<shardopt::ZeroOptimizer> opt;
   {
     nb::gil_scoped_release release;
-    opt = std::make_unique<shardopt::ZeroOptimizer>(comm, resolved, std::move(specs));
+    opt = std::make_unique<shardopt::ZeroOptimizer>(comm, std::move(specs), resolved);
   }
   new (self) PyZeroOptimizer{std::move(tensors), std::move(opt)};
 }

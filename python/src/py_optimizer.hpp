@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "py_tensors.hpp"
-#include "comm/agreement.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace nb = nanobind;
@@ -27,6 +26,10 @@ struct PyZeroOptimizer {
 // or set it to zeros beforehand).
 shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerConfig& config,
                                     std::vector<DlpackOwner>& tensors);
+
+// Takes part in the agreement that the collective call `what` starts with on the other ranks,
+// carrying this rank's `failure`, so that they raise it too (with the GIL released).
+void join_failed_call(shardopt::Communicator& comm, const char* what, const shardopt::Error& failure);
 
 // Reading Python objects may fail on one rank only (a read-only array, a typo). A failed read
 // joins the agreement that the collective call (`what`: "ZeroOptimizer", "add_param_group")
@@ -47,10 +50,7 @@ auto read_collectively(shardopt::Communicator& comm, const char* what, Read&& re
       failure = shardopt::Error(shardopt::ErrorCode::invalid_argument, e.what());
     } catch (...) {
     }
-    {
-      nb::gil_scoped_release release;
-      shardopt::comm::join_failed(comm, what, failure);
-    }
+    join_failed_call(comm, what, failure);
     std::rethrow_exception(local);  // the original exception is what this rank reports
   }
 }

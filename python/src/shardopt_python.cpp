@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "py_averaging.hpp"
+#include "py_collectives.hpp"
 #include "py_communicator.hpp"
 #include "py_hyperparams.hpp"
 #include "py_hyperparams_view.hpp"

@@ -31,7 +31,7 @@ shardopt_status shardopt_optimizer_create(shardopt_comm_t comm, const shardopt_o
     handle->magic = kOptimizerMagic;
     handle->comm = c.comm;
     handle->owned.reserve(dlpack.size());
-    handle->opt = std::make_unique<shardopt::ZeroOptimizer>(c.comm, cfg, std::move(specs));
+    handle->opt = std::make_unique<shardopt::ZeroOptimizer>(c.comm, std::move(specs), cfg);
     register_handle(handle.get(), kOptimizerMagic);
     adopt(*handle, dlpack);
     *out = handle.release();

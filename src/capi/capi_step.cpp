@@ -1,4 +1,4 @@
-// src/capi/capi_step.cpp — the C functions of a training step over a ZeroOptimizer: views and layout, zero_grad, gradient reduction, clipping, loss scaling, step and its report, memory report, checkpoints.
+// src/capi/capi_step.cpp — the C functions of a training step over a ZeroOptimizer: views and layout, zero_grad, gradient reduction, clipping, loss scaling, step (params may sit it out) and its report, Join, memory report, checkpoints.
 #include "capi/capi_convert.hpp"
 
 using namespace shardopt::capi;
@@ -94,6 +94,26 @@ shardopt_status shardopt_optimizer_step(shardopt_optimizer_t opt) {
   return guard("shardopt_optimizer_step", [&] { checked_optimizer(opt, "opt").opt->step(); });
 }
 
+shardopt_status shardopt_optimizer_step_without(shardopt_optimizer_t opt, const int32_t* ids, int64_t count) {
+  return guard("shardopt_optimizer_step_without", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    std::vector<shardopt::ParamId> without_grad;
+    try {
+      if (count < 0) fail(SHARDOPT_ERR_INVALID_ARGUMENT, "count is {}; it must be 0 or more", count);
+      if (count > 0) check_not_null(ids, "ids");
+      if (count > 0) without_grad.assign(ids, ids + count);
+    } catch (...) {
+      // The other ranks are entering step()'s agreement: take part in it with this failure so
+      // that they fail too, naming this rank. Overlapped gathers still queued on the
+      // communicator land first, as step() itself would let them.
+      o.opt->wait_all();
+      fail_collectively(*o.comm, "step", std::current_exception());
+    }
+    // Ids out of range fail inside step()'s agreement, on every rank.
+    o.opt->step(without_grad);
+  });
+}
+
 shardopt_status shardopt_optimizer_grad_ready(shardopt_optimizer_t opt, int32_t id) {
   return guard("shardopt_optimizer_grad_ready", [&] { checked_optimizer(opt, "opt").opt->grad_ready(id); });
 }
@@ -120,6 +140,17 @@ shardopt_status shardopt_optimizer_num_buckets(shardopt_optimizer_t opt, int32_t
 
 shardopt_status shardopt_optimizer_join(shardopt_optimizer_t opt) {
   return guard("shardopt_optimizer_join", [&] { checked_optimizer(opt, "opt").opt->join(); });
+}
+
+shardopt_status shardopt_optimizer_join_step(shardopt_optimizer_t opt, int* shadowed_a_step) {
+  return guard("shardopt_optimizer_join_step", [&] {
+    shardopt_optimizer_s& o = checked_optimizer(opt, "opt");
+    // Optional, as clip_grad_norm's out_norm: a NULL refused on one rank alone would leave the
+    // others in the collective. A failed call leaves 0, which ends a caller's join loop.
+    if (shadowed_a_step != nullptr) *shadowed_a_step = 0;
+    const bool shadowed = o.opt->join_step();
+    if (shadowed_a_step != nullptr) *shadowed_a_step = shadowed ? 1 : 0;
+  });
 }
 
 shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_step_report* out) {

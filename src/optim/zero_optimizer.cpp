@@ -47,6 +47,10 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
 
 }  // namespace
 
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, std::vector<ParamGroupSpec> groups,
+                             OptimizerConfig config)
+    : ZeroOptimizer(std::move(comm), std::move(config), std::move(groups)) {}
+
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Communicator> comm, OptimizerConfig config,
                              std::vector<ParamGroupSpec> groups) {
   SHARDOPT_CHECK(comm != nullptr, invalid_argument, "ZeroOptimizer needs a communicator (got null)");

@@ -39,6 +39,7 @@ foreach(required
     "shardopt_optimizer_param_view_dlpack" "shardopt_optimizer_grad_view_dlpack"
     "shardopt_optimizer_clip_grad_norm" "shardopt_optimizer_loss_scale" "shardopt_optimizer_set_loss_scale"
     "shardopt_optimizer_last_step" "shardopt_default_hyperparams" "shardopt_optimizer_get_defaults"
+    "shardopt_optimizer_step_without" "shardopt_optimizer_join_step"
     "shardopt_model_averager_create" "shardopt_model_averager_average_parameters"
     "shardopt_post_local_sgd_create" "shardopt_post_local_sgd_step" "shardopt_post_local_sgd_state_dict_step"
     "shardopt::PostLocalSGDOptimizer::step()" "shardopt::ModelAverager::average_parameters()"
