@@ -61,14 +61,14 @@ def valid(assignment):
 # reference run and the variant alike (a failure of the program's semantics); "variant@phase:code"
 # of the variant alone. The test prints the signature it saw for every failing combination.
 KNOWN_FAILING = [
-    ({"local_sgd": "replicas2", "join": "on"}, ["join:invalid_argument", "step3.step:invalid_argument"],
-     "Join under post-local SGD is refused late, at the first averaging while a replica's rank is joined "
-     "(average_parameters(): 'rank 0 is in join()'), on the joined rank inside join() and on its replica peer "
-     "inside step()"),
-    ({"local_sgd": ["replicas1", "outer"], "join": "on"}, ["step4.step:timeout"],
-     "Join under post-local SGD over one-rank replicas: join() returns at once on the joined (one-rank) replica, "
-     "which leaves; the active ranks' next averaging over the world waits for it and ends as Error(timeout) "
-     "after timeout_seconds, no named refusal"),
+    ({"local_sgd": "replicas2", "join": "on"}, ["join:unsupported", "step3.reduce_gradients:unsupported"],
+     "Join under post-local SGD is refused where it is called, by name (Error(unsupported): Join does not combine "
+     "with model averaging): inside join() on the joined rank, and in the replica's next collective on its replica "
+     "peers; not at construction, since join() is a call, not a setting"),
+    ({"local_sgd": ["replicas1", "outer"], "join": "on"}, ["join:unsupported", "step4.step:timeout"],
+     "Join under post-local SGD over one-rank replicas: refused by name inside join() on the joined rank, but no "
+     "collective carries that to the other replicas, whose next averaging over the world waits for it and ends as "
+     "Error(timeout) after timeout_seconds"),
 ]
 
 

@@ -105,9 +105,10 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
     im.take_anchor();
     im.outer.provisional = true;
   }
+  port.attach();
 }
 
-ModelAverager::~ModelAverager() = default;
+ModelAverager::~ModelAverager() { impl_->port.detach(); }
 
 void ModelAverager::average_parameters() {
   Impl& im = *impl_;

@@ -47,6 +47,8 @@ void* AveragingPort::grad_ptr(std::size_t i) const { return im_.shard.grad_ptr(i
 comm::AgreementRecord AveragingPort::enter(GateCall call, std::string operation) {
   return optim::enter(im_, call, std::move(operation));
 }
+void AveragingPort::attach() { ++im_.gate.attached_averagers; }
+void AveragingPort::detach() noexcept { --im_.gate.attached_averagers; }
 void AveragingPort::wait_for_queued_work() { im_.overlap.wait_all(); }
 
 void AveragingPort::publish_shard_values(int threads) {

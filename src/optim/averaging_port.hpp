@@ -65,6 +65,10 @@ class AveragingPort {
   // returned carries this rank's refusal when the optimizer is inside a gradient round. The
   // caller adds its fields and agrees over whichever ranks the call spans.
   comm::AgreementRecord enter(GateCall call, std::string operation);
+  // An averager wraps the optimizer from attach() to detach(): the gate then refuses join()
+  // (round_gate.cpp says why).
+  void attach();
+  void detach() noexcept;
   // Waits for the communication thread's queued work (config.overlap): the last step's
   // all-gathers land before the values are read.
   void wait_for_queued_work();

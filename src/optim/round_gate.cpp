@@ -33,7 +33,8 @@ const std::vector<CallRule> kRules = {
     {GateCall::step, "step", kBetweenRounds | kUpdated, kDrainSaveReads, Leaves::idle, true,
      "updates and syncs (overlap: leaves the all-gathers in flight, waited for per parameter)"},
     {GateCall::join, "join", kBetweenRounds, kDrainNothing, Leaves::idle, true,
-     "shadows the active ranks' calls until a step (or every rank has joined)"},
+     "shadows the active ranks' calls until a step (or every rank has joined); refused while a ModelAverager or "
+     "PostLocalSGDOptimizer wraps the optimizer"},
     {GateCall::add_param_group, "add_param_group", kBetweenRounds, kDrainGathers | kDrainSaveReads, Leaves::idle,
      false, "re-lays out the buffers: the round's gradients are dropped"},
     {GateCall::set_trainable, "set_trainable", kBetweenRounds, kDrainGathers | kDrainSaveReads, Leaves::idle, false,
@@ -127,6 +128,14 @@ RoundState round_state(const ZeroOptimizer::Impl& im) {
 }
 
 void check_legal(const ZeroOptimizer::Impl& im, GateCall call, const std::string& operation) {
+  // A rank out of inputs shadows its optimizer's collectives only: the averaging across
+  // replicas would wait for it (or average a replica that stopped training) with no agreement
+  // to tell the other replicas. Refused where it is called, before anything is shadowed.
+  SHARDOPT_CHECK(call != GateCall::join || im.gate.attached_averagers == 0, unsupported,
+                 "{}: this optimizer is wrapped by a ModelAverager or PostLocalSGDOptimizer, and Join does not "
+                 "combine with model averaging (the replicas' averaging has no way to shadow a rank out of inputs); "
+                 "give every rank the same number of steps",
+                 operation);
   const RoundState state = round_state(im);
   if ((rule(call).from & bit(state)) != 0) return;
   switch (state) {

@@ -86,7 +86,7 @@ const CallRule& rule(GateCall call);
 // overlap engine, background save), so the two cannot disagree.
 struct RoundGate {
   bool reduced = false;   // reduce_gradients() finished and no step() since
-  bool in_join = false;   // inside join_step()
+  int attached_averagers = 0;  // ModelAverager / PostLocalSGDOptimizer objects wrapping the optimizer
 };
 
 // The current state, read from the parts and the gate.
