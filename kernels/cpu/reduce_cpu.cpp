@@ -35,6 +35,14 @@ void add_block(float* __restrict acc, const float* __restrict other, int64_t n) 
   for (int64_t i = 0; i < n; ++i) acc[i] = Format::widen(Format::narrow(acc[i] + other[i]));
 }
 
+// The first pairwise sum straight from two inputs (saves a pass over the block).
+template <typename Format>
+void add_pair(const typename Format::Storage* __restrict a, const typename Format::Storage* __restrict b,
+              float* __restrict out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = Format::widen(Format::narrow(Format::widen(a[i]) + Format::widen(b[i])));
+}
+
 template <typename Format>
 void store_block(const float* __restrict acc, typename Format::Storage* __restrict dst, int64_t n, float divisor) {
 #pragma omp simd
@@ -49,6 +57,11 @@ void sum_tree(const void* const* inputs, int lo, int hi, int64_t first, int64_t 
   using Storage = typename Format::Storage;
   if (hi - lo == 1) {
     load_block<Format>(static_cast<const Storage*>(inputs[lo]) + first, out, n);
+    return;
+  }
+  if (hi - lo == 2) {
+    add_pair<Format>(static_cast<const Storage*>(inputs[lo]) + first, static_cast<const Storage*>(inputs[lo + 1]) + first,
+                     out, n);
     return;
   }
   int split = 1;
