@@ -19,6 +19,9 @@
 //               holds the same parameters as every other rank and as a single-rank reference
 //               optimizer that took the same steps.
 //
+//  iteration    reduce_gradients() then step(), each timed, against their rooflines from
+//               bandwidth probes interleaved with the timed iterations (iteration.hpp).
+//
 //  checkpoint   The step time a checkpoint costs: rounds of steps with no save, with a
 //               blocking save() and with save_async() + wait_save(), each call timed on its
 //               slowest rank (checkpoint_cost.hpp).
@@ -40,6 +43,7 @@
 #include "checkpoint_cost.hpp"
 #include "collectives.hpp"
 #include "cuda_run.hpp"
+#include "iteration.hpp"
 #include "options.hpp"
 #include "step.hpp"
 #include "shardopt/shardopt.hpp"
@@ -75,6 +79,7 @@ int main(int argc, char** argv) {
       case BenchMode::collectives: return shardopt_bench::run_collectives(*comm, options);
       case BenchMode::step: return shardopt_bench::run_step(comm, options);
       case BenchMode::checkpoint: return shardopt_bench::run_checkpoint_cost(comm, options);
+      case BenchMode::iteration: return shardopt_bench::run_iteration(comm, options);
     }
     return 2;
   } catch (const std::invalid_argument& e) {

@@ -98,8 +98,9 @@ void fill_synthetic(const TensorRef& out, int64_t first_index, uint64_t stream, 
   }
 }
 
-// Stage 2 hands gradients that several ranks sum exactly (see step_bench.hpp).
-bool coarse_gradients(const Options& o) { return o.stage == 2; }
+// Gradients that several ranks sum exactly (see step.hpp), wherever the bench reduces them
+// before the steps it checks: stage 2, and every iteration of --mode iteration.
+bool coarse_gradients(const Options& o) { return o.stage == 2 || o.mode == BenchMode::iteration; }
 
 }  // namespace
 

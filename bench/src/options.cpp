@@ -10,7 +10,7 @@
 namespace shardopt_bench {
 
 const char* const usage_text =
-    "usage: mpirun -np N shardopt-bench [--mode collectives|step|checkpoint] [--device cpu|cuda] [options]\n"
+    "usage: mpirun -np N shardopt-bench [--mode collectives|step|iteration|checkpoint] [--device cpu|cuda] [options]\n"
     "\n"
     "Device options (collectives and step):\n"
     "  --device cpu|cuda         where the buffers and parameters live (default cpu). cuda: one\n"
@@ -71,6 +71,12 @@ const char* const usage_text =
     "  --breakdown               also print the step's phases (agreement, update, sync and\n"
     "                            the rest), medians over the same timed steps, and time\n"
     "                            reduce_gradients() on its own\n"
+    "\n"
+    "Iteration (--mode iteration: the step options pick the model; -n iterations): each\n"
+    "iteration is a bandwidth probe, reduce_gradients() (stage 2: every gradient handed with\n"
+    "reduce_gradient() first) and step(), each timed between barriers; one line with both\n"
+    "times, their rooflines (best probe, and each iteration against its own probe) and the\n"
+    "probes' spread\n"
     "\n"
     "Checkpoint options (--mode checkpoint: the step options pick the model; -n rounds):\n"
     "  --ckpt-dir DIR            where every rank saves, shared by the ranks\n"
@@ -192,11 +198,12 @@ Options parse_options(int argc, char** argv) {
       if (flag == "--mode" && value == "collectives") o.mode = BenchMode::collectives;
       else if (flag == "--mode" && value == "step") o.mode = BenchMode::step;
       else if (flag == "--mode" && value == "checkpoint") o.mode = BenchMode::checkpoint;
+      else if (flag == "--mode" && value == "iteration") o.mode = BenchMode::iteration;
       else if (value == "sharded" || value == "replicated") {
         o.mode = BenchMode::step;
         o.sharded = value == "sharded";
       } else {
-        bad_usage(flag + " expects collectives, step, checkpoint, sharded or replicated, got '" + value + "'");
+        bad_usage(flag + " expects collectives, step, iteration, checkpoint, sharded or replicated, got '" + value + "'");
       }
     } else if (flag == "--params") o.params = parse_size(flag, value);
     else if (flag == "--tensors") o.tensors = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
@@ -250,8 +257,8 @@ Options parse_options(int argc, char** argv) {
   if (o.stage == 2 && !o.sharded) {
     bad_usage("--stage 2 shards the gradients by the state's partition; it needs --mode sharded");
   }
-  if (o.device == BenchDevice::cuda && o.mode == BenchMode::checkpoint) {
-    bad_usage("--device cuda runs the collectives and step modes, not --mode checkpoint");
+  if (o.device == BenchDevice::cuda && (o.mode == BenchMode::checkpoint || o.mode == BenchMode::iteration)) {
+    bad_usage("--device cuda runs the collectives and step modes, not --mode checkpoint or iteration");
   }
   if (o.device == BenchDevice::cuda && o.mode == BenchMode::step && o.stage == 2) {
     bad_usage("--device cuda times the stage-1 step only; drop --stage 2");

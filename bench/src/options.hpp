@@ -18,7 +18,7 @@ using shardopt::Storage;
 // --help, and after an error in the flags.
 extern const char* const usage_text;
 
-enum class BenchMode { collectives, step, checkpoint };
+enum class BenchMode { collectives, step, checkpoint, iteration };
 // Where the collectives' buffers and the step's parameters live (--device).
 enum class BenchDevice { cpu, cuda };
 // The communicator under test with --device cuda (--comm): NCCL bootstrapped over MPI, or the

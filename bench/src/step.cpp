@@ -18,6 +18,7 @@
 #include "cache.hpp"
 #include "model.hpp"
 #include "roofline.hpp"
+#include "step_bytes.hpp"
 #include "stream.hpp"
 #include "support.hpp"
 #include "sync_peers.hpp"
@@ -126,10 +127,8 @@ StepTiming time_steps(Communicator& comm, ZeroOptimizer& opt, int warmup, int it
 
 int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   const int world = comm->size();
-  const int rank = comm->rank();
   const Model model = make_model(o);
   const OptimizerConfig config = make_config(o);
-  const bool sharded = o.sharded && world > 1;
   const UpdateShape shape = update_shape(o);
   const CacheInfo llc = last_level_cache();
   // The arrays are the same size on every rank (the bandwidths sum them).
@@ -165,57 +164,17 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   const int64_t peak_rss = max_int64(*comm, peak_rss_bytes());
 
   // Bytes the step must move (see roofline.hpp), summed over the ranks.
-  const std::vector<int64_t> shards = gather_int64(*comm, memory.shard_numel);
-  int64_t all_shards = 0;
-  for (int64_t s : shards) all_shards += s;
-  const int64_t per_param = update_bytes_per_param(shape, o.dtype);
-  const auto element_bytes = static_cast<int64_t>(shardopt::dtype_size(o.dtype));
-  // Elements this rank updates: its shard less the flat partition's tail padding, which no
-  // kernel touches (sorted_greedy and replicated shards have none).
-  int64_t my_offset = 0;
-  for (int r = 0; r < rank; ++r) my_offset += shards[static_cast<std::size_t>(r)];
-  const int64_t my_updated =
-      o.sharded && o.partition == PartitionStrategy::flat
-          ? std::clamp<int64_t>(memory.trainable_numel - my_offset, 0, memory.shard_numel)
-          : memory.shard_numel;
-  // The sync moves the padding too, so received elements include it. Each element moved is
-  // read once and written once, in the dtype.
-  const std::vector<int64_t> nodes = gather_int64(*comm, node_id());
-  int64_t my_moved = sharded ? all_shards - memory.shard_numel : 0;
-  if (sharded && memory.node_shared_param_bytes > 0) {
-    if (o.storage == Storage::bucket_view) {
-      // One buffer per node: only other nodes' shards arrive, each once per node (its carrier
-      // rank receives it); counted here as this rank's share of its node's arrivals.
-      int64_t node_shards = 0, node_ranks = 0;
-      for (std::size_t r = 0; r < nodes.size(); ++r) {
-        if (nodes[r] != nodes[static_cast<std::size_t>(rank)]) continue;
-        node_shards += shards[r];
-        ++node_ranks;
-      }
-      my_moved = (all_shards - node_shards) / std::max<int64_t>(1, node_ranks);
-    } else {
-      // External storage through a node-shared staging: its own shard copied in, the others out.
-      my_moved = all_shards;
-    }
-  }
-  const int64_t update_bytes = sum_int64(*comm, my_updated * per_param);
-  const int64_t sync_bytes = sum_int64(*comm, 2 * element_bytes * my_moved);
+  const StepBytes counted = count_step_bytes(*comm, o, model, memory, llc);
+  const std::vector<int64_t>& shards = counted.shards;
+  const int64_t my_moved = counted.my_moved;
+  const int64_t update_bytes = counted.update;
+  const int64_t sync_bytes = counted.sync;
   const int64_t total_bytes = update_bytes + sync_bytes;
+  const auto element_bytes = static_cast<int64_t>(shardopt::dtype_size(o.dtype));
   const int64_t max_state = max_int64(*comm, memory.state_bytes);
   const int64_t max_master = max_int64(*comm, memory.master_bytes);
   const int64_t max_grad = max_int64(*comm, memory.grad_bytes);
-
-  // Is the step DRAM-bound? The bytes a step touches on each machine (every rank's parameters,
-  // its shard's gradients, state and masters) against the most last-level cache any source
-  // claims for that machine (sysfs or sysconf: in a virtual machine the host's cache may hold
-  // more than the guest is told). Only when every machine's data overflow it is the roofline a
-  // bound that a measurement may not exceed.
-  const int64_t touched = model.numel * element_bytes + my_updated * element_bytes + memory.state_bytes + memory.master_bytes;
-  const std::vector<int64_t> touched_by = gather_int64(*comm, touched);
-  int64_t touched_here = 0;
-  for (std::size_t r = 0; r < nodes.size(); ++r) touched_here += nodes[r] == nodes[static_cast<std::size_t>(rank)] ? touched_by[r] : 0;
-  const bool resident_here = static_cast<double>(touched_here) <= kCacheResidentFactor * static_cast<double>(llc.largest_claim_bytes());
-  const bool cache_resident = max_int64(*comm, resident_here ? 0 : 1) == 0;
+  const bool cache_resident = counted.cache_resident;
 
   // The roofline: every byte at the best bandwidth any pattern reached with every rank
   // streaming at once, in either window.

@@ -44,7 +44,7 @@ const char* StreamResult::best_pattern() const {
   return best == update_gbps ? "update" : best == triad_gbps ? "triad" : "copy";
 }
 
-StreamResult measure_stream(Communicator& comm, int threads, int64_t array_bytes, UpdateShape shape, DType dtype) {
+StreamResult measure_stream(Communicator& comm, int threads, int64_t array_bytes, UpdateShape shape, DType dtype, int reps) {
   StreamResult result;
   result.array_bytes = array_bytes;
   const int64_t n = result.array_bytes / static_cast<int64_t>(sizeof(float));
@@ -77,7 +77,7 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_bytes
   const UpdatePattern pattern = shape == UpdateShape::adam           ? UpdatePattern::adam
                                 : shape == UpdateShape::sgd_momentum ? UpdatePattern::sgd_momentum
                                                                      : UpdatePattern::sgd;
-  constexpr int kReps = 6;
+  const int repetitions = std::max(2, reps);
   std::vector<double> copy_s, triad_s, update_s;
   auto timed = [&](std::vector<double>& out, const auto& kernel) {
     comm.barrier();
@@ -85,7 +85,7 @@ StreamResult measure_stream(Communicator& comm, int threads, int64_t array_bytes
     kernel();
     out.push_back(seconds_since(start));
   };
-  for (int rep = 0; rep < kReps; ++rep) {
+  for (int rep = 0; rep < repetitions; ++rep) {
     timed(copy_s, [&] { stream_copy_cpu(a, c, n, threads); });
     timed(triad_s, [&] { stream_triad_cpu(a, b, c, 3.0f, n, threads); });
     // p = a, g = b, m = c, v = d; mixed precision: master = a, g = g16, p = p16.

@@ -36,7 +36,8 @@ struct StreamResult {
 // bf16/f16: the update-shaped kernel reads a 16-bit gradient, the master, m and v and writes
 // the master, m, v and a 16-bit parameter (9 streams for Adam), two extra 16-bit arrays of the
 // same length; copy and triad stay f32 (a copy's GB/s do not depend on the element type).
+// `reps` repetitions of each (at least 2: the first is the warm-up).
 StreamResult measure_stream(shardopt::Communicator& comm, int threads, int64_t array_bytes, UpdateShape shape,
-                            DType dtype);
+                            DType dtype, int reps = 6);
 
 }  // namespace shardopt_bench

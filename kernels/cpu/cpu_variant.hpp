@@ -80,6 +80,8 @@ GradStats grad_stats(const void* grad, DType dtype, int64_t n, float unscale, bo
 void widen(const void* src, DType dtype, float* dst, int64_t n, int threads);
 void narrow(const float* src, void* dst, DType dtype, int64_t n, int threads);
 void divide(void* x, DType dtype, int64_t n, float divisor, int threads);
+void average_slots(const void* const* inputs, int input_count, void* const* outputs, int output_count, DType dtype,
+                   int64_t n, float divisor, int threads);
 void stream_copy(const float* a, float* c, int64_t n, int threads);
 void stream_triad(float* a, const float* b, const float* c, float s, int64_t n, int threads);
 void fill_f32(float* x, float value, int64_t n, int threads);

@@ -73,6 +73,19 @@ void divide_cpu(void* x, DType dtype, int64_t n, float divisor, int threads) {
   active_cpu_kernels().divide(x, dtype, n, divisor, threads);
 }
 
+void average_slots_cpu(const void* const* inputs, int input_count, void* const* outputs, int output_count,
+                       DType dtype, int64_t n, float divisor, int threads) {
+  if (n <= 0 || output_count <= 0) return;
+  check_dtype(dtype, "average_slots_cpu");
+  check_buffer(inputs, "average_slots_cpu", "inputs");
+  check_buffer(outputs, "average_slots_cpu", "outputs");
+  SHARDOPT_KERNEL_CHECK(input_count >= 1 && input_count <= 64, invalid_argument, "average_slots_cpu: {} inputs (1 to 64 are taken)",
+                        input_count);
+  for (int i = 0; i < input_count; ++i) check_buffer(inputs[i], "average_slots_cpu", "inputs[i]");
+  for (int j = 0; j < output_count; ++j) check_buffer(outputs[j], "average_slots_cpu", "outputs[j]");
+  active_cpu_kernels().average_slots(inputs, input_count, outputs, output_count, dtype, n, divisor, threads);
+}
+
 // The bandwidth probes trust their callers (the benchmark), as they always have.
 
 void stream_copy_cpu(const float* a, float* c, int64_t n, int threads) {

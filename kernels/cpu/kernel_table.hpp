@@ -28,6 +28,8 @@ struct CpuKernelTable {
   void (*widen)(const void* src, DType dtype, float* dst, int64_t n, int threads);
   void (*narrow)(const float* src, void* dst, DType dtype, int64_t n, int threads);
   void (*divide)(void* x, DType dtype, int64_t n, float divisor, int threads);
+  void (*average_slots)(const void* const* inputs, int input_count, void* const* outputs, int output_count,
+                        DType dtype, int64_t n, float divisor, int threads);
   // stream_cpu.hpp
   void (*stream_copy)(const float* a, float* c, int64_t n, int threads);
   void (*stream_triad)(float* a, const float* b, const float* c, float s, int64_t n, int threads);

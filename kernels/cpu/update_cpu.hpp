@@ -55,6 +55,14 @@ void narrow_cpu(const float* src, void* dst, DType dtype, int64_t n, int threads
 // x[i] = narrow(widen(x[i]) / divisor) with nearest-even: the average after a summing
 // reduction, for any dtype.
 void divide_cpu(void* x, DType dtype, int64_t n, float divisor, int threads);
+// The average of `input_count` ranks' gradients: element i of every output is
+// narrow(sum / divisor), where sum adds element i of the inputs in a fixed binary tree (halves
+// split at the largest power of two below the count, the lower half first: the order of a
+// binomial reduce to rank 0), each pairwise addition done in float and rounded to the dtype
+// (as the MPI backend's reductions). Each buffer covers n elements; outputs may be inputs
+// (each element is read before it is written). Over 64 inputs are refused.
+void average_slots_cpu(const void* const* inputs, int input_count, void* const* outputs, int output_count,
+                       DType dtype, int64_t n, float divisor, int threads);
 
 }  // namespace kernels
 }  // namespace shardopt

@@ -1,4 +1,11 @@
-// src/optim/grad_reducer.cpp — stage 1 (bucketed all-reduce) and stage 2 (buckets reduced to their owners) gradient averaging.
+// src/optim/grad_reducer.cpp — stage 1 (node-shared slots on one node, else a bucketed all-reduce) and stage 2 (buckets reduced to their owners) gradient averaging.
+//
+// Stage 1 with bucket view, node-shared parameters and every rank on one node: the gradients
+// are slots of one node-shared mapping (ShardState::node_grad_slots), so the average is a
+// barrier, each rank summing its shard over the slots in memory, and a barrier (average_on_node)
+// instead of MPI's copies through bounce buffers. Its summation order is the binomial tree of
+// MPI's in-place all-reduce, so both paths give the same bits. With config.overlap the buckets
+// still go through MPI (overlap.cpp), over the same slots. Across nodes: the MPI path.
 //
 // Stage 2: the layout's positions [0, buffer_numel) are cut into buckets of bucket_elements.
 // Each rank's shard is a contiguous range of positions, so a bucket meets each rank's shard in
@@ -7,8 +14,10 @@
 #include "optim/grad_reducer.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/check.hpp"
+#include "cpu/update_cpu.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -27,7 +36,11 @@ uint64_t GradReducer::reduce_all() {
   }
   if (dev_.world() == 1) return 0;
   if (shard_.bucket_view()) {
-    all_reduce_bucket_view();
+    if (const NodeGradSlots* slots = shard_.node_grad_slots()) {
+      average_on_node(*slots);
+    } else {
+      all_reduce_bucket_view();
+    }
   } else {
     all_reduce_external();
   }
@@ -49,6 +62,36 @@ void GradReducer::all_reduce_bucket_view() {
   }
   dev_.finish_collectives(in_flight);
   dev_.finish_gradient_average(grads.raw(), total, shard_.dtype());
+}
+
+// One node holds every rank's gradient slot: each rank averages its own shard over the slots, in
+// the order of a binomial reduce to rank 0 (kernels/cpu: the fixed tree of average_slots_cpu),
+// and writes the average back into every slot, so each rank's gradient views hold the whole
+// average as after an all-reduce. Each slot element is read once and written once: 2N per
+// element of the model on the node, against the floor of N + 1 (one shared result copy),
+// which would need views that move after the reduction.
+void GradReducer::average_on_node(const NodeGradSlots& slots) {
+  const DType dt = shard_.dtype();
+  const partition::RankShard& own = shard_.own_shard();
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  for (char* slot : slots.slots) {
+    inputs.push_back(element(slot, own.offset, dt));
+    outputs.push_back(element(slot, own.offset, dt));
+  }
+  // The barriers order the ranks' plain stores into the slots (the backward's, then the
+  // averages); the fences keep the compiler from moving them across.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  slots.node->barrier();
+  // As the MPI backend's avg: the sum divided by the world size (a Join round sums and divides
+  // by the active ranks below).
+  const float divisor = dev_.gradient_average_op() == ReduceOp::avg ? static_cast<float>(dev_.world()) : 1.0f;
+  kernels::average_slots_cpu(inputs.data(), static_cast<int>(inputs.size()), outputs.data(),
+                             static_cast<int>(outputs.size()), dt, own.numel, divisor, config_.cpu_threads);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  slots.node->barrier();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  dev_.finish_gradient_average(shard_.flat_grads().raw(), shard_.layout().buffer_numel, dt);
 }
 
 // External: packs trainable gradients into one staging bucket at a time, averages, unpacks.

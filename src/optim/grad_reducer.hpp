@@ -1,4 +1,4 @@
-// src/optim/grad_reducer.hpp — averaging gradients over the ranks: stage 1's bucketed all-reduce, stage 2's buckets reduced to their owners as they complete.
+// src/optim/grad_reducer.hpp — averaging gradients over the ranks: stage 1 on one node in the node's shared gradient slots, else a bucketed all-reduce; stage 2's buckets reduced to their owners as they complete.
 #pragma once
 
 #include <memory>
@@ -46,6 +46,7 @@ class GradReducer {
   static constexpr std::size_t kBucketsInFlight = 2;
 
   void all_reduce_bucket_view();
+  void average_on_node(const NodeGradSlots& slots);
   void all_reduce_external();
   void open_round_if_needed();
   int acquire_staging();

@@ -102,7 +102,9 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
     }
     core::FlatBuffer next_params = new_param_buffer(tail);
     // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient().
-    core::FlatBuffer next_grads = dev_.new_buffer(stage2() ? 0 : tail, dt);
+    NodeGradSlots next_slots;
+    core::FlatBuffer next_grads =
+        stage2() ? dev_.new_buffer(0, dt) : new_grad_buffer(tail, next_params.borrowed(), next_slots);
     fill_params(next_params, next, next_offset, initial, first_new);
     if (!stage2()) {
       for (std::size_t i = 0; i < std::min(params.size(), view_offset_.size()); ++i) {
@@ -114,6 +116,7 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
     if (!initial.empty()) dev_.synchronize("initial parameter values");
     flat_params_ = std::move(next_params);
     flat_grads_ = std::move(next_grads);
+    grad_slots_ = std::move(next_slots);
     view_offset_ = std::move(next_offset);
   } else {
     sync_staging_ = sharded() ? new_param_buffer(next.buffer_numel) : dev_.new_buffer(0, dt);
@@ -162,6 +165,24 @@ core::FlatBuffer ShardState::new_param_buffer(int64_t numel) {
       why_not.empty() ? fmt::format("the node of rank {} could not share its parameters", failed - mapped_on.begin())
                       : why_not;
   return dev_.new_buffer(numel, dt);
+}
+
+core::FlatBuffer ShardState::new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots) {
+  const DType dt = dtype();
+  // Across nodes the reduction stays MPI's (one buffer per rank); decided alike on every rank.
+  if (!params_shared || !nodes_ || nodes_->nodes != 1 || numel <= 0) return dev_.new_buffer(numel, dt);
+  Communicator& node = *nodes_->node;
+  const std::size_t slot_bytes = core::FlatBuffer::allocation_bytes(numel, dt);
+  std::string why_not;
+  comm::NodeSharedBuffer mapped = comm::map_node_shared(node, slot_bytes * static_cast<std::size_t>(node.size()), why_not);
+  // The node is the world here, and map_node_shared fails on all of its ranks or on none.
+  if (mapped.data == nullptr) return dev_.new_buffer(numel, dt);
+  slots.node = nodes_->node;
+  for (int r = 0; r < node.size(); ++r) {
+    slots.slots.push_back(static_cast<char*>(mapped.data) + slot_bytes * static_cast<std::size_t>(r));
+  }
+  return core::FlatBuffer::over_mapping(std::move(mapped.mapping), slots.slots[static_cast<std::size_t>(node.rank())],
+                                        numel, dt);
 }
 
 void ShardState::fill_params(core::FlatBuffer& next_params, const partition::Layout& next,

@@ -53,6 +53,14 @@ inline std::size_t span_bytes(int64_t count, DType dtype) {
 
 partition::Strategy strategy_of(const OptimizerConfig& config);
 
+// Stage 1 with bucket view and node-shared parameters on one node: every rank's gradients in
+// one node-shared mapping, a slot per rank (its flat_grads() is its slot), so the reduction
+// sums each shard over the slots in memory (grad_reducer.cpp) instead of through MPI.
+struct NodeGradSlots {
+  std::shared_ptr<Communicator> node;  // the node's ranks: the world
+  std::vector<char*> slots;            // by node rank, each buffer_numel + frozen elements
+};
+
 // Elements in one collective of the gradient reduction, the parameter sync and the state
 // migration (config.bucket_bytes), never more than a collective's count limit (INT_MAX).
 inline int64_t bucket_elements(const OptimizerConfig& config, DType dtype) {
@@ -107,6 +115,8 @@ class ShardState {
   // sharing does not apply).
   const std::string& node_sharing_refused() const { return node_sharing_refused_; }
   const core::FlatBuffer& flat_grads() const { return flat_grads_; }
+  // The node's gradient slots where they exist (see NodeGradSlots), else null.
+  const NodeGradSlots* node_grad_slots() const { return grad_slots_.slots.empty() ? nullptr : &grad_slots_; }
   const core::FlatBuffer& sync_staging() const { return sync_staging_; }
   const core::FlatBuffer& grad_staging() const { return grad_staging_; }
   const core::FlatBuffer& shard_grads() const { return shard_grads_; }
@@ -134,6 +144,10 @@ class ShardState {
   // `numel` elements, node-shared where it applies (decided alike on every rank), else this
   // rank's own.
   core::FlatBuffer new_param_buffer(int64_t numel);
+  // Collective over the node when `params_shared`: the bucket-view gradient buffer, a slot of
+  // the node's shared mapping (filling `slots`) where every rank is on one node and the memory
+  // could be mapped, else this rank's own.
+  core::FlatBuffer new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots);
   // Fills the new bucket-view parameter buffer from the old one or the initial values. With a
   // node-shared buffer each element is written once per node: by its owner when the owner is on
   // this node, else by the node's first rank (rebuild() ends with the node's barrier).
@@ -152,6 +166,7 @@ class ShardState {
   StateMask state_in_use_{};    // the same on every rank, even where a shard is empty
   core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params
   core::FlatBuffer flat_grads_;    // bucket view, stage 1: same offsets as flat_params_
+  NodeGradSlots grad_slots_;       // where flat_grads_ is this rank's slot of the node's
   core::FlatBuffer sync_staging_;  // external: the rank-ordered shards, for the param sync
   core::FlatBuffer grad_staging_;  // external, stage 1: one bucket for reduce_gradients
   core::FlatBuffer shard_grads_;   // stage 2: this rank's shard of the averaged gradients

@@ -11,8 +11,9 @@
 namespace shardopt {
 namespace comm {
 
-// Initialises MPI when nobody has (MPI_THREAD_SERIALIZED) and, in that case only, finalises it
-// when destroyed. One per process: see shared_mpi_runtime().
+// Initialises MPI when nobody has (MPI_THREAD_SERIALIZED; under Open MPI with libnbc's binomial
+// MPI_Ireduce unless the environment names another, see mpi_runtime.cpp) and, in that case
+// only, finalises it when destroyed. One per process: see shared_mpi_runtime().
 //
 // Finalising is bounded: MPI_Finalize waits for every process of the job, forever when one has
 // died or is cut off and the launcher lets the survivors run (mpirun --enable-recovery). So
