@@ -32,9 +32,10 @@ grep -qx 'params_sum_match=yes' <<<"$out" || fail "the usual modes no longer mat
 params=$(field 'mode=sharded' params <<<"$out")
 [[ $params == 12480 ]] || fail "params=$params, expected 12480"
 bytes_per_model=$((4 * params))  # f32
-# Synchronous: every step all-reduces the gradients (one model's worth); the parameter sync on
-# one machine is a barrier over the shared buffer and hands nothing to a collective.
-expected_sync=$((steps * bytes_per_model))
+# Synchronous: every step all-reduces the gradients (one model's worth) and syncs the parameters
+# (this rank broadcasts its shard, 1/np of the model): with --local-sgd the demo keeps node-shared
+# memory off, so both cross the communicator as they would between nodes.
+expected_sync=$((steps * (bytes_per_model + bytes_per_model / np)))
 # Local SGD: the warmup steps average gradients over the world (one model each); then every
 # step with (step - warmup) % period == 0 averages the parameters (torch's
 # PeriodicModelAverager, counting from the end of the warmup: steps 2, 6, ..., 18 of 0..21), each
@@ -56,7 +57,7 @@ check gradient_bytes "$(field 'local_sgd:' gradient_bytes <<<"$out")" "$expected
 check averaging_bytes "$(field 'local_sgd:' averaging_bytes <<<"$out")" "$expected_averaging"
 check replica_bytes "$(field 'local_sgd:' replica_bytes <<<"$out")" 0
 check "local_sgd bytes" "$(field 'local_sgd:' bytes <<<"$out")" "$expected_local"
-# The ratio of bytes per step: steps / (warmup + averages) = 22 / 7, near the period.
+# The ratio of bytes per step: 1.25 steps / (warmup + averages) = 27.5 / 7, near the period.
 ratio=$(grep -o '^bytes_ratio=[0-9.]*' <<<"$out" | cut -d= -f2)
 awk -v got="$ratio" -v s="$expected_sync" -v l="$expected_local" 'BEGIN {
   want = s / l

@@ -87,6 +87,9 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   config.stage = stage;
   config.cpu_threads = options.threads;
   config.overlap = overlap ? options.overlap : shardopt::OverlapPolicy::off;
+  // --local-sgd compares the bytes each mode sends through the communicator, as between nodes:
+  // node-shared memory would average the synchronous run's gradients on this node outside it.
+  if (options.local_sgd.enabled) config.node_shared_params = false;
   // f16 gradients underflow without a loss scale (torch.cuda.amp.GradScaler's defaults).
   config.loss_scaling.enabled = dtype == DType::f16;
   std::vector<shardopt::ParamGroupSpec> groups;

@@ -25,7 +25,15 @@ namespace {
 // MCA parameters are read; a value already in the environment (the user's, or mpirun --mca's)
 // wins, and MPIs other than Open MPI ignore the name. Where the caller initialises MPI, the
 // caller's environment decides.
-void prefer_binomial_ireduce() { setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", /*overwrite=*/0); }
+// Only at world sizes of 1 and 2 (Open MPI's launcher says the size before MPI_Init): there the
+// sum of two ranks' values is the same whichever rank adds, while at 3 or more ranks the tree
+// associates the sums differently from the all-reduce of stage 1 and of the replicated
+// reference (communicator.hpp), and stage 2 would no longer end on the bits stage 1 does.
+void prefer_binomial_ireduce() {
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (world != nullptr && std::atoi(world) > 2) return;
+  setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", /*overwrite=*/0);
+}
 
 }  // namespace
 
