@@ -53,10 +53,16 @@ struct FakeTensor {
 };
 
 // shardopt_comm_world() for one test, destroyed at its end. MPI itself is initialised once by
-// the test runner (tests/mpi/mpi_test_main.cpp), so this shares it.
+// the test runner (tests/mpi/mpi_test_main.cpp), so this shares it. A positive
+// `timeout_seconds` replaces the default collective timeout (a regression fails fast).
 class CommHandle {
  public:
-  CommHandle() { REQUIRE(shardopt_comm_world(nullptr, &comm_) == SHARDOPT_OK); }
+  explicit CommHandle(double timeout_seconds = 0) {
+    shardopt_comm_options options;
+    shardopt_comm_options_init(&options);
+    if (timeout_seconds > 0) options.timeout_seconds = timeout_seconds;
+    REQUIRE(shardopt_comm_world(&options, &comm_) == SHARDOPT_OK);
+  }
   ~CommHandle() { shardopt_comm_destroy(comm_); }
   CommHandle(const CommHandle&) = delete;
   CommHandle& operator=(const CommHandle&) = delete;

@@ -15,34 +15,8 @@ namespace {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// shardopt_comm_world with a short timeout: a regression that leaves a rank out of a collective
-// fails these tests within seconds instead of hanging them.
-class ShortComm {
- public:
-  ShortComm() {
-    shardopt_comm_options options;
-    shardopt_comm_options_init(&options);
-    options.timeout_seconds = 20;
-    REQUIRE(shardopt_comm_world(&options, &comm_) == SHARDOPT_OK);
-  }
-  ~ShortComm() { shardopt_comm_destroy(comm_); }
-  ShortComm(const ShortComm&) = delete;
-  ShortComm& operator=(const ShortComm&) = delete;
-  shardopt_comm_t get() const { return comm_; }
-  int rank() const {
-    int r = -1;
-    shardopt_comm_rank(comm_, &r);
-    return r;
-  }
-  int size() const {
-    int s = -1;
-    shardopt_comm_size(comm_, &s);
-    return s;
-  }
-
- private:
-  shardopt_comm_t comm_ = nullptr;
-};
+// Each test's communicator (CommHandle) has a 20 s timeout: a regression that leaves a rank out
+// of a collective fails these tests within seconds instead of hanging them.
 
 using Params = std::vector<std::vector<float>>;
 const std::vector<int64_t> kSizes = {37, 5, 128, 9};
@@ -203,7 +177,7 @@ std::vector<int32_t> sitting_out(int s) {
 
 TEST_CASE("step_without through the C ABI equals step(without_grad) through the C++ API bitwise",
           "[capi][step_without]") {
-  ShortComm comm;
+  shardopt_capi_test::CommHandle comm(20);
   const Initial init;
   shardopt_optimizer_t opt = c_create(comm.get(), init);
   shardopt::ZeroOptimizer reference(shardopt_test::world(), cpp_groups(init), cpp_config());
@@ -233,7 +207,7 @@ TEST_CASE("step_without through the C ABI equals step(without_grad) through the 
 
 TEST_CASE("step_without's bad input fails on every rank with its status and steps nothing",
           "[capi][step_without][errors]") {
-  ShortComm comm;
+  shardopt_capi_test::CommHandle comm(20);
   const Initial init;
   shardopt_optimizer_t opt = c_create(comm.get(), init);
   const int culprit = comm.size() - 1;  // the one rank with the bad argument
@@ -293,7 +267,7 @@ TEST_CASE("step_without's bad input fails on every rank with its status and step
 
 TEST_CASE("step_without's bad input under overlap fails on every rank after the last step's gathers land",
           "[capi][step_without][errors][overlap]") {
-  ShortComm comm;
+  shardopt_capi_test::CommHandle comm(20);
   const Initial init;
   shardopt_optimizer_t opt = c_create(comm.get(), init, SHARDOPT_OVERLAP_AFTER_BACKWARD);
   const bool mine = comm.rank() == comm.size() - 1;
@@ -338,7 +312,7 @@ int uneven_run(int rank, Steps&& take_step, JoinPass&& join_pass) {
 }  // namespace
 
 TEST_CASE("join_step through the C ABI equals join_step() through the C++ API bitwise", "[capi][join]") {
-  ShortComm comm;
+  shardopt_capi_test::CommHandle comm(20);
   const Initial init;
   const int rank = comm.rank();
   shardopt_optimizer_t opt = c_create(comm.get(), init);
@@ -387,7 +361,7 @@ TEST_CASE("join_step through the C ABI equals join_step() through the C++ API bi
 }
 
 TEST_CASE("join_step beside a call join does not shadow fails on every rank, naming both", "[capi][join][errors]") {
-  ShortComm comm;
+  shardopt_capi_test::CommHandle comm(20);
   if (comm.size() < 2) return;
   const Initial init;
   shardopt_optimizer_t opt = c_create(comm.get(), init);
@@ -409,7 +383,7 @@ TEST_CASE("join_step beside a call join does not shadow fails on every rank, nam
 }
 
 TEST_CASE("the C++ constructor's two argument orders and the C create build the same optimizer", "[capi][step]") {
-  ShortComm comm;
+  shardopt_capi_test::CommHandle comm(20);
   const Initial init;
   // (comm, groups, config), the documented order; (comm, config, groups), the earlier one; and
   // shardopt_optimizer_create(comm, config, groups), the C ABI's.
