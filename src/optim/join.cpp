@@ -61,8 +61,7 @@ void shadow_reduce_overlapped(ZeroOptimizer::Impl& im, const comm::Agreed& agree
     }
     im.overlap.settle_round();
   } catch (...) {
-    im.overlap.abandon_round();
-    im.step.release_round_hyperparams();
+    abandon_overlapped_round(im);
     throw;
   }
 }

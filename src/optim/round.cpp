@@ -85,10 +85,14 @@ void reduce_overlapped(ZeroOptimizer::Impl& im, comm::AgreementRecord entered) {
     agree_joinable(im, handed);
     im.overlap.settle_round();
   } catch (...) {
-    im.overlap.abandon_round();
-    im.step.release_round_hyperparams();
+    abandon_overlapped_round(im);
     throw;
   }
+}
+
+void abandon_overlapped_round(ZeroOptimizer::Impl& im) noexcept {
+  im.overlap.abandon_round();
+  im.step.release_round_hyperparams();
 }
 
 }  // namespace optim

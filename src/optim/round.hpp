@@ -35,6 +35,9 @@ void prepare_reduction(ZeroOptimizer::Impl& im, const comm::Agreed& agreed);
 void open_overlapped_round(ZeroOptimizer::Impl& im, const char* operation, bool explicit_hand_over);
 // After a round's opening agreement, on active and shadowing ranks alike.
 void begin_overlapped_round(ZeroOptimizer::Impl& im, const comm::Agreed& agreed, bool explicit_hand_over);
+// After a failed round (its agreement or a bucket's collective): the queued work is waited for,
+// the round forgotten and per_bucket's held hyperparameters let go.
+void abandon_overlapped_round(ZeroOptimizer::Impl& im) noexcept;
 // reduce_gradients() with config.overlap, `entered` its gate record: opens the round if no
 // hand-over did, then the ranks agree on the order they completed the buckets in (the first
 // round's is learned), the rest is issued and, unless per_bucket, waited for.
