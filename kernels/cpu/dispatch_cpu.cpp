@@ -15,6 +15,7 @@ void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, cons
                     const GradTransform& gt, const Rounding& r, int threads) {
   if (n <= 0) return;
   check_tensors(t, "sgd_update_cpu");
+  check_rounding(t, r, "sgd_update_cpu");
   if (s.use_momentum) check_buffer(momentum_buf, "sgd_update_cpu", "momentum_buf");
   active_cpu_kernels().sgd_update(t, momentum_buf, n, s, gt, r, threads);
 }
@@ -24,6 +25,7 @@ void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                      const GradTransform& gt, const Rounding& r, int threads) {
   if (n <= 0) return;
   check_tensors(t, "adam_update_cpu");
+  check_rounding(t, r, "adam_update_cpu");
   check_buffer(exp_avg, "adam_update_cpu", "exp_avg");
   check_buffer(exp_avg_sq, "adam_update_cpu", "exp_avg_sq");
   if (s.amsgrad) check_buffer(max_exp_avg_sq, "adam_update_cpu", "max_exp_avg_sq");

@@ -1,6 +1,8 @@
 // src/optim/param_table.cpp — registration checks (names, buffers, one device, one dtype) and the table of params and groups.
 #include "optim/param_table.hpp"
 
+#include <algorithm>
+
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 #include "optim/hyperparams.hpp"
@@ -66,6 +68,50 @@ void check_buffers(const std::string& label, const ParamSpec& p, Storage storage
   }
 }
 
+// The group's settings over the config's. The algorithm stays the optimizer's for now: a group
+// naming another is refused rather than ignored.
+GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& config, int group) {
+  const GroupSettings& set = spec.settings;
+  if (set.algorithm) {
+    SHARDOPT_CHECK(*set.algorithm == config.algorithm, unsupported,
+                   "param group {} sets algorithm {}, but this optimizer runs {} for every group", group,
+                   algorithm_name(*set.algorithm), algorithm_name(config.algorithm));
+  }
+  GroupStorage out;
+  out.state_precision = set.state_precision.value_or(config.state_precision);
+  out.master = set.master.value_or(config.master);
+  const int precision = static_cast<int>(out.state_precision);
+  SHARDOPT_CHECK(precision == 0 || precision == 1, invalid_argument,
+                 "param group {}: state_precision {} is not fp32 or q8", group, precision);
+  const int master = static_cast<int>(out.master);
+  SHARDOPT_CHECK(master == 0 || master == 1, invalid_argument, "param group {}: master {} is not fp32 or remainder16",
+                 group, master);
+  SHARDOPT_CHECK(out.state_precision == StatePrecision::fp32, unsupported,
+                 "param group {}: state_precision = q8 (8-bit blockwise moments) is not supported yet", group);
+  if (out.master == MasterStorage::remainder16) {
+    SHARDOPT_CHECK(!config.stochastic_rounding, invalid_argument,
+                   "param group {}: master = remainder16 cannot combine with config.stochastic_rounding (the "
+                   "parameter is drawn independently of the master, so no 16-bit remainder reconstructs it); use "
+                   "master = fp32",
+                   group);
+  }
+  return out;
+}
+
+// remainder16 keeps the master in the parameter's own bits: bf16 host parameters only.
+void check_master_storage(const std::string& label, const TensorRef& param, MasterStorage master, int group) {
+  if (master != MasterStorage::remainder16) return;
+  SHARDOPT_CHECK(param.dtype == DType::bf16, invalid_argument,
+                 "param group {}: master = remainder16 needs bf16 parameters, but parameter {} is {} (f32 parameters "
+                 "are their own master; f16's 10-bit mantissa leaves no 16-bit remainder that reconstructs an fp32 "
+                 "master)",
+                 group, label, dtype_name(param.dtype));
+  SHARDOPT_CHECK(param.device.is_cpu(), unsupported,
+                 "param group {}: master = remainder16 is implemented for CPU parameters only, but parameter {} is on "
+                 "{}",
+                 group, label, device_name(param.device));
+}
+
 }  // namespace
 
 std::string describe(const ParamRecord& p) {
@@ -102,6 +148,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
     validate_hyperparams(hyper, config.algorithm, group_index);
     SHARDOPT_CHECK(!spec.params.empty(), invalid_argument, "param group {} has an empty parameter list", group_index);
     out.groups.push_back(hyper);
+    out.storage.push_back(resolve_storage(spec, config, group_index));
     for (const ParamSpec& p : spec.params) {
       const std::size_t position = params_.size() + out.records.size();
       const std::string label = p.name.empty() ? fmt::format("#{}", position) : "'" + p.name + "'";
@@ -119,6 +166,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       check_param_device(label, p.param.device, choice, rank);
       check_param_dtype(label, p.param.dtype, choice);
       check_buffers(label, p, config.storage);
+      check_master_storage(label, p.param, out.storage.back().master, group_index);
       for (const ParamRecord& existing : params_) {
         SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
       }
@@ -146,6 +194,7 @@ void ParamTable::append(Registration registration) {
     device_ = registration.choice.device;
   }
   for (const Hyperparams& h : registration.groups) groups_.push_back(h);
+  for (const GroupStorage& g : registration.storage) storage_.push_back(g);
   int64_t next_index = params_.empty() ? 0 : params_.back().first_index + params_.back().numel;
   for (ParamRecord& r : registration.records) {
     r.first_index = next_index;
@@ -175,6 +224,11 @@ Hyperparams& ParamTable::group(int index) {
   SHARDOPT_CHECK(index >= 0 && index < num_groups(), invalid_argument, "param group {} does not exist (there are {})",
                  index, num_groups());
   return groups_[static_cast<std::size_t>(index)];
+}
+
+bool ParamTable::any_master(MasterStorage master) const {
+  if (dtype_ == DType::f32) return false;
+  return std::any_of(storage_.begin(), storage_.end(), [&](const GroupStorage& g) { return g.master == master; });
 }
 
 std::vector<partition::ParamInfo> ParamTable::infos() const {

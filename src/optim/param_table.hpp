@@ -39,10 +39,18 @@ struct DeviceChoice {
   std::string dtype_source;
 };
 
+// A group's state layout, resolved from its GroupSettings over the config's values: fixed for
+// the group's life.
+struct GroupStorage {
+  StatePrecision state_precision = StatePrecision::fp32;
+  MasterStorage master = MasterStorage::fp32;
+};
+
 // New groups, checked and resolved, not yet part of the table.
 struct Registration {
   std::vector<ParamRecord> records;
   std::vector<Hyperparams> groups;
+  std::vector<GroupStorage> storage;  // per group, beside `groups`
   std::vector<const void*> initial_values;  // per record: bucket view's initial values (may be null)
   DeviceChoice choice;
 };
@@ -68,6 +76,9 @@ class ParamTable {
   // A deque: references to a group stay valid when groups are added.
   const std::deque<Hyperparams>& groups() const { return groups_; }
   Hyperparams& group(int index);
+  const GroupStorage& storage(int group) const { return storage_[static_cast<std::size_t>(group)]; }
+  // Whether any group keeps its masters as `master` (bf16/f16 parameters only).
+  bool any_master(MasterStorage master) const;
   const Hyperparams& defaults() const { return defaults_; }
   DType dtype() const { return dtype_; }
 
@@ -76,6 +87,7 @@ class ParamTable {
  private:
   Hyperparams defaults_;
   std::deque<Hyperparams> groups_;
+  std::deque<GroupStorage> storage_;
   std::vector<ParamRecord> params_;
   DType dtype_ = DType::f32;  // every parameter's: fixed by the first one
   Device device_ = Device::cpu();

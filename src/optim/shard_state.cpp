@@ -10,6 +10,7 @@
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
+#include "mixed_update.hpp"
 #include "optim/device_update.hpp"
 
 namespace shardopt {
@@ -22,12 +23,23 @@ partition::Strategy strategy_of(const OptimizerConfig& config) {
 
 StateMask ShardState::state_kinds_needed() const {
   StateMask needed = optim::state_kinds_needed(config_.algorithm, dtype(), table_.groups());
+  // remainder16 groups keep their masters in remainders_: the fp32 kind exists for fp32 groups
+  // (or as materialise_masters()' copy, which state_in_use_ then shows).
+  if (dtype() != DType::f32 && !table_.any_master(MasterStorage::fp32)) needed[kMaster] = false;
   // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
   for (std::size_t k = 0; k < kStateKinds; ++k) needed[k] = needed[k] || state_in_use_[k];
   return needed;
 }
 
 void ShardState::ensure_state_kinds() {
+  // The update changes the masters: a checkpoint's materialised copy would go stale.
+  if (masters_materialised_) {
+    masters_materialised_ = false;
+    if (!table_.any_master(MasterStorage::fp32)) {
+      state_[kMaster] = dev_.new_buffer(0);
+      state_in_use_[kMaster] = false;
+    }
+  }
   const StateMask needed = state_kinds_needed();
   for (std::size_t k = 0; k < kStateKinds; ++k) {
     if (needed[k] && state_[k].numel() != own_shard().numel) state_[k].resize(own_shard().numel);
@@ -36,6 +48,14 @@ void ShardState::ensure_state_kinds() {
 }
 
 void ShardState::migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const {
+  for (std::size_t k = 0; k < kStateKinds; ++k) {
+    // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
+    if (state_in_use_[k]) migrate_buffer(from, to, state_[k], next[k], DType::f32);
+  }
+}
+
+void ShardState::migrate_buffer(const partition::Layout& from, const partition::Layout& to,
+                                const core::FlatBuffer& old, core::FlatBuffer& next, DType dt) const {
   const std::vector<ParamRecord>& params = table_.params();
   // This rank's new pieces, by param.
   std::vector<std::vector<const partition::Segment*>> mine(params.size());
@@ -46,34 +66,26 @@ void ShardState::migrate_state(const partition::Layout& from, const partition::L
   const int world = dev_.world();
   const int sources = replicated ? 1 : world;
   // One receive buffer for every broadcast (on a device, each allocation would cost a cudaFree).
-  core::FlatBuffer incoming(dev_.device(), dev_.stream());
+  core::FlatBuffer incoming(dev_.device(), dev_.stream(), dt);
   int64_t largest = 0;
   for (const partition::RankShard& shard : from.shards) largest = std::max(largest, shard.numel);
-  for (std::size_t k = 0; k < kStateKinds; ++k) {
-    // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
-    if (!state_in_use_[k]) continue;
-    for (int r = 0; r < sources; ++r) {
-      const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? dev_.rank() : r)];
-      const float* source = state_[k].data();
-      if (!replicated && world > 1) {
-        if (incoming.empty()) incoming.resize(largest);
-        if (r == dev_.rank()) {
-          dev_.copy_bytes(incoming.data(), state_[k].data(), static_cast<std::size_t>(old_shard.numel) * sizeof(float));
-        }
-        dev_.settle_before_collective();
-        comm::broadcast_in_chunks(dev_.comm(), incoming.data(), old_shard.numel, DType::f32, r,
-                                  bucket_elements(config_, DType::f32));
-        source = incoming.data();
-      }
-      for (const partition::Segment& old_seg : old_shard.segments) {
-        for (const partition::Segment* new_seg : mine[static_cast<std::size_t>(old_seg.param)]) {
-          const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
-          const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
-          if (lo >= hi) continue;
-          dev_.copy_bytes(next[k].data() + new_seg->shard_offset + (lo - new_seg->param_offset),
-                          source + old_seg.shard_offset + (lo - old_seg.param_offset),
-                          static_cast<std::size_t>(hi - lo) * sizeof(float));
-        }
+  for (int r = 0; r < sources; ++r) {
+    const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? dev_.rank() : r)];
+    const char* source = static_cast<const char*>(old.raw());
+    if (!replicated && world > 1) {
+      if (incoming.empty()) incoming.resize(largest);
+      if (r == dev_.rank()) dev_.copy_bytes(incoming.raw(), old.raw(), span_bytes(old_shard.numel, dt));
+      dev_.settle_before_collective();
+      comm::broadcast_in_chunks(dev_.comm(), incoming.raw(), old_shard.numel, dt, r, bucket_elements(config_, dt));
+      source = static_cast<const char*>(incoming.raw());
+    }
+    for (const partition::Segment& old_seg : old_shard.segments) {
+      for (const partition::Segment* new_seg : mine[static_cast<std::size_t>(old_seg.param)]) {
+        const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
+        const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
+        if (lo >= hi) continue;
+        dev_.copy_bytes(element(next.raw(), new_seg->shard_offset + (lo - new_seg->param_offset), dt),
+                        element(source, old_seg.shard_offset + (lo - old_seg.param_offset), dt), span_bytes(hi - lo, dt));
       }
     }
   }
@@ -92,6 +104,13 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   for (std::size_t k = 0; k < kStateKinds; ++k) next_state[k] = dev_.new_buffer(needed[k] ? next_shard : 0);
   if (has_layout_) migrate_state(layout_, next, next_state);
   state_in_use_ = needed;
+  // Remainders (2 bytes each, moved as raw bf16 bits) wherever a group keeps them; a layout
+  // that had none (no such group yet) leaves them zero, which seed_masters() sets anyway.
+  const bool remainders_needed = table_.any_master(MasterStorage::remainder16);
+  core::FlatBuffer next_remainders = dev_.new_buffer(remainders_needed ? next_shard : 0, DType::bf16);
+  if (has_layout_ && remainders_in_use_) migrate_buffer(layout_, next, remainders_, next_remainders, DType::bf16);
+  remainders_ = std::move(next_remainders);
+  remainders_in_use_ = remainders_needed;
 
   if (bucket_view()) {
     std::vector<int64_t> next_offset(params.size());
@@ -262,6 +281,11 @@ void ShardState::seed_masters(const std::vector<bool>& params_to_seed) {
   float* master = state_[kMaster].data();
   for (const partition::Segment& s : own_shard().segments) {
     if (s.length == 0 || !params_to_seed[static_cast<std::size_t>(s.param)]) continue;
+    if (remainder_master(table_.params()[static_cast<std::size_t>(s.param)])) {
+      // A zero remainder: the master is the parameter's value, as a widened fp32 master.
+      dev_.zero_bytes(master_remainders() + s.shard_offset, span_bytes(s.length, DType::bf16));
+      continue;
+    }
     const char* values = element(param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dtype());
     if (dev_.on_device()) {
       dev_.ops().widen(values, dtype(), master + s.shard_offset, s.length, dev_.stream());
@@ -305,6 +329,7 @@ void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, con
     state_[k] = kinds[k] ? std::move(buffers[k]) : dev_.new_buffer(0);
   }
   state_in_use_ = kinds;
+  masters_materialised_ = false;
   if (dtype() != DType::f32) {
     std::vector<bool> seed = without_master;
     seed.resize(table_.size(), false);
@@ -313,10 +338,52 @@ void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, con
       state_in_use_[kMaster] = true;
       std::fill(seed.begin(), seed.end(), true);
     }
+    split_masters(seed);
     seed_masters(seed);
+    if (!table_.any_master(MasterStorage::fp32)) {
+      state_[kMaster] = dev_.new_buffer(0);
+      state_in_use_[kMaster] = false;
+    }
   }
   refresh_runs();
   ++values_generation_;
+}
+
+void ShardState::split_masters(const std::vector<bool>& params_to_seed) {
+  if (!table_.any_master(MasterStorage::remainder16)) return;
+  SHARDOPT_CHECK(!dev_.on_device(), internal, "master remainders on a device (registration refuses them)");
+  const float* master = state_[kMaster].data();
+  int16_t* remainder = master_remainders();
+  for (const partition::Segment& s : own_shard().segments) {
+    const auto i = static_cast<std::size_t>(s.param);
+    // Params to seed keep the loaded value and take a zero remainder (seed_masters).
+    if (s.length == 0 || params_to_seed[i] || !remainder_master(table_.params()[i])) continue;
+    auto* param = reinterpret_cast<uint16_t*>(element(param_ptr(i), s.param_offset, dtype()));
+    for (int64_t e = 0; e < s.length; ++e) {
+      const float m = master[s.shard_offset + e];
+      param[e] = kernels::param_of_master(m);
+      remainder[s.shard_offset + e] = kernels::remainder_of_master(m);
+    }
+  }
+}
+
+void ShardState::materialise_masters() {
+  if (dtype() == DType::f32 || !table_.any_master(MasterStorage::remainder16)) return;
+  SHARDOPT_CHECK(!dev_.on_device(), internal, "master remainders on a device (registration refuses them)");
+  const int64_t numel = own_shard().numel;
+  if (state_[kMaster].numel() != numel) state_[kMaster] = dev_.new_buffer(numel);
+  state_in_use_[kMaster] = true;
+  masters_materialised_ = true;
+  float* master = state_[kMaster].data();
+  const int16_t* remainder = master_remainders();
+  for (const partition::Segment& s : own_shard().segments) {
+    const auto i = static_cast<std::size_t>(s.param);
+    if (s.length == 0 || !remainder_master(table_.params()[i])) continue;
+    const auto* param = reinterpret_cast<const uint16_t*>(element(param_ptr(i), s.param_offset, dtype()));
+    for (int64_t e = 0; e < s.length; ++e) {
+      master[s.shard_offset + e] = kernels::master_from_remainder(param[e], remainder[s.shard_offset + e]);
+    }
+  }
 }
 
 }  // namespace optim

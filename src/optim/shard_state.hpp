@@ -122,6 +122,13 @@ class ShardState {
   const core::FlatBuffer& shard_grads() const { return shard_grads_; }
   const StateBuffers& state() const { return state_; }
   float* state_data(std::size_t kind) const { return state_[kind].data(); }
+  // remainder16 groups: the 16-bit master remainders over this rank's shard (2 bytes per shard
+  // element; empty when no group keeps them). Elements of other groups are unused.
+  const core::FlatBuffer& remainder_buffer() const { return remainders_; }
+  int16_t* master_remainders() const { return static_cast<int16_t*>(remainders_.raw()); }
+  bool remainder_master(const ParamRecord& p) const {
+    return table_.storage(p.group).master == MasterStorage::remainder16 && dtype() == DType::bf16;
+  }
 
   // ---- for checkpoints ----
   // Elements [offset, offset+n) of param i as f32 (bf16/f16 widened into `scratch`, exactly);
@@ -136,10 +143,21 @@ class ShardState {
   // params, a master absent from `kinds` (or listed in `without_master`) is seeded from the
   // current parameter values, as a fresh optimizer's would be.
   void install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master);
+  // Checkpoints and state dicts carry fp32 masters whatever the storage: this fills the
+  // "master" kind (allocated over the shard where only remainders are kept) with the masters
+  // rebuilt from the parameters and remainders, bitwise. The copy lives until the next update
+  // (ensure_state_kinds), so a background save may read it meanwhile. Host only.
+  void materialise_masters();
 
  private:
   void migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const;
   void seed_masters(const std::vector<bool>& params_to_seed);
+  // remainder16 params: the installed fp32 master split into parameter and remainder.
+  void split_masters(const std::vector<bool>& params_to_seed);
+  // A buffer of this rank's old shard moved into `next` over the new layout (collective when
+  // sharded: each old shard is broadcast once).
+  void migrate_buffer(const partition::Layout& from, const partition::Layout& to, const core::FlatBuffer& old,
+                      core::FlatBuffer& next, DType dtype) const;
   // Collective: the bucket-view parameter buffer (or the external storage's sync staging) for
   // `numel` elements, node-shared where it applies (decided alike on every rank), else this
   // rank's own.
@@ -164,6 +182,9 @@ class ShardState {
   uint64_t values_generation_ = 0;
   StateBuffers state_;          // f32, over this rank's shard
   StateMask state_in_use_{};    // the same on every rank, even where a shard is empty
+  core::FlatBuffer remainders_;  // int16 (held as 2-byte bf16 storage) over this rank's shard
+  bool remainders_in_use_ = false;     // the same on every rank, even where a shard is empty
+  bool masters_materialised_ = false;  // state_[kMaster] is materialise_masters()'s copy
   core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params
   core::FlatBuffer flat_grads_;    // bucket view, stage 1: same offsets as flat_params_
   NodeGradSlots grad_slots_;       // where flat_grads_ is this rank's slot of the node's

@@ -187,7 +187,9 @@ void Step::update_range(int64_t lo, int64_t hi) {
     kernels::UpdateTensors tensors;
     tensors.param = run.param;
     tensors.grad = run.grad;
-    tensors.master = low_precision ? at(kMaster) : nullptr;
+    const bool remainder = shard_.remainder_master(p);
+    tensors.master = low_precision && !remainder ? at(kMaster) : nullptr;
+    tensors.master_remainder = remainder ? shard_.master_remainders() + run.shard_offset : nullptr;
     tensors.dtype = dt;
     kernels::Rounding rounding;
     rounding.stochastic = config_.stochastic_rounding;

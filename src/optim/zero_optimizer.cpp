@@ -179,6 +179,7 @@ MemoryReport ZeroOptimizer::memory_report() const {
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     (k == optim::kMaster ? report.master_bytes : report.state_bytes) += shard.state()[k].bytes();
   }
+  report.master_bytes += shard.remainder_buffer().bytes();
   report.param_bytes = shard.flat_params().bytes();
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
   report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes() +

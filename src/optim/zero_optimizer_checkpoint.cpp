@@ -21,6 +21,7 @@ checkpoint::OptimizerParts parts_of(ZeroOptimizer::Impl& im) {
 void ZeroOptimizer::save(const std::string& dir) try {
   Impl& im = *impl_;
   optim::agree(im, optim::enter(im, GateCall::save));
+  im.shard.materialise_masters();
   checkpoint::save_checkpoint(parts_of(im), dir);
 } catch (const Error& e) {
   optim::raise_within("save", e);
@@ -29,6 +30,7 @@ void ZeroOptimizer::save(const std::string& dir) try {
 void ZeroOptimizer::save_async(const std::string& dir) try {
   Impl& im = *impl_;
   optim::agree(im, optim::enter(im, GateCall::save_async));
+  im.shard.materialise_masters();
   checkpoint::SaveTicket ticket = checkpoint::start_save(parts_of(im), dir);
   // The writer runs beside the caller's threads: one thread to widen bf16/f16 values.
   ticket.widen_threads = 1;
@@ -64,6 +66,7 @@ void ZeroOptimizer::consolidate_state_dict(int to) try {
                    "consolidate_state_dict: target rank {} is out of range (world size {})", to, im.dev.world());
   });
   optim::agree(im, record);
+  im.shard.materialise_masters();
   std::optional<StateDict> dict = checkpoint::gather_state_dict(parts_of(im), to);
   // Only the target rank keeps the gathered state; the others drop any earlier one.
   im.consolidated = std::move(dict);
