@@ -6,6 +6,7 @@
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 #include "optim/hyperparams.hpp"
+#include "q8_state.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -70,7 +71,28 @@ void check_buffers(const std::string& label, const ParamSpec& p, Storage storage
 
 // The group's settings over the config's. The algorithm stays the optimizer's for now: a group
 // naming another is refused rather than ignored.
-GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& config, int group) {
+// 8-bit moments are Adam's, cut in 256-element blocks of each parameter that a rank updates
+// whole in one kernel call: what would cut a block, or needs state without an 8-bit form, is
+// refused by name.
+void check_q8(const OptimizerConfig& config, const Hyperparams& hyper, int group) {
+  const std::string what = fmt::format("param group {}: state_precision = q8 (8-bit blockwise moments)", group);
+  SHARDOPT_CHECK(config.algorithm != Algorithm::sgd, unsupported,
+                 "{} is implemented for adam and adamw; SGD's momentum keeps fp32 state", what);
+  SHARDOPT_CHECK(!config.shard_state || config.partition == PartitionStrategy::sorted_greedy, unsupported,
+                 "{} needs partition = sorted_greedy, which keeps each parameter whole on one rank (flat cuts "
+                 "parameters at equal shard boundaries, which may fall inside a 256-element block)",
+                 what);
+  SHARDOPT_CHECK(config.pipeline_chunk_bytes == 0, unsupported,
+                 "{} cannot combine with pipeline_chunk_bytes ({}): the chunks would cut blocks", what,
+                 config.pipeline_chunk_bytes);
+  SHARDOPT_CHECK(config.overlap != OverlapPolicy::per_bucket, unsupported,
+                 "{} cannot combine with overlap = per_bucket: buckets would cut blocks", what);
+  SHARDOPT_CHECK(!hyper.amsgrad, unsupported, "{} cannot combine with amsgrad (max_exp_avg_sq has no 8-bit form)",
+                 what);
+}
+
+GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& config, const Hyperparams& hyper,
+                             int group) {
   const GroupSettings& set = spec.settings;
   if (set.algorithm) {
     SHARDOPT_CHECK(*set.algorithm == config.algorithm, unsupported,
@@ -86,8 +108,7 @@ GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& 
   const int master = static_cast<int>(out.master);
   SHARDOPT_CHECK(master == 0 || master == 1, invalid_argument, "param group {}: master {} is not fp32 or remainder16",
                  group, master);
-  SHARDOPT_CHECK(out.state_precision == StatePrecision::fp32, unsupported,
-                 "param group {}: state_precision = q8 (8-bit blockwise moments) is not supported yet", group);
+  if (out.state_precision == StatePrecision::q8) check_q8(config, hyper, group);
   if (out.master == MasterStorage::remainder16) {
     SHARDOPT_CHECK(!config.stochastic_rounding, invalid_argument,
                    "param group {}: master = remainder16 cannot combine with config.stochastic_rounding (the "
@@ -148,7 +169,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
     validate_hyperparams(hyper, config.algorithm, group_index);
     SHARDOPT_CHECK(!spec.params.empty(), invalid_argument, "param group {} has an empty parameter list", group_index);
     out.groups.push_back(hyper);
-    out.storage.push_back(resolve_storage(spec, config, group_index));
+    out.storage.push_back(resolve_storage(spec, config, hyper, group_index));
     for (const ParamSpec& p : spec.params) {
       const std::size_t position = params_.size() + out.records.size();
       const std::string label = p.name.empty() ? fmt::format("#{}", position) : "'" + p.name + "'";
@@ -167,6 +188,10 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       check_param_dtype(label, p.param.dtype, choice);
       check_buffers(label, p, config.storage);
       check_master_storage(label, p.param, out.storage.back().master, group_index);
+      SHARDOPT_CHECK(out.storage.back().state_precision != StatePrecision::q8 || p.param.device.is_cpu(), unsupported,
+                     "param group {}: state_precision = q8 is implemented for CPU parameters only, but parameter {} "
+                     "is on {}",
+                     group_index, label, device_name(p.param.device));
       for (const ParamRecord& existing : params_) {
         SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
       }
@@ -224,6 +249,22 @@ Hyperparams& ParamTable::group(int index) {
   SHARDOPT_CHECK(index >= 0 && index < num_groups(), invalid_argument, "param group {} does not exist (there are {})",
                  index, num_groups());
   return groups_[static_cast<std::size_t>(index)];
+}
+
+void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8) {
+  SHARDOPT_CHECK(!table.any_q8() && !adds_q8, unsupported,
+                 "{}: a param group keeps state_precision = q8 (8-bit blockwise moments), which does not support "
+                 "layout changes, checkpoints or state dicts yet",
+                 operation);
+}
+
+bool ParamTable::q8_moments(const ParamRecord& p) const {
+  return storage(p.group).state_precision == StatePrecision::q8 && p.numel >= kernels::kQ8MinNumel;
+}
+
+bool ParamTable::any_q8() const {
+  return std::any_of(storage_.begin(), storage_.end(),
+                     [](const GroupStorage& g) { return g.state_precision == StatePrecision::q8; });
 }
 
 bool ParamTable::any_master(MasterStorage master) const {

@@ -79,6 +79,10 @@ class ParamTable {
   const GroupStorage& storage(int group) const { return storage_[static_cast<std::size_t>(group)]; }
   // Whether any group keeps its masters as `master` (bf16/f16 parameters only).
   bool any_master(MasterStorage master) const;
+  // Whether param p keeps 8-bit moments: its group's state_precision is q8 and it has at least
+  // bitsandbytes' min_8bit_size (4096) elements; smaller ones keep fp32 moments.
+  bool q8_moments(const ParamRecord& p) const;
+  bool any_q8() const;
   const Hyperparams& defaults() const { return defaults_; }
   DType dtype() const { return dtype_; }
 
@@ -92,6 +96,11 @@ class ParamTable {
   DType dtype_ = DType::f32;  // every parameter's: fixed by the first one
   Device device_ = Device::cpu();
 };
+
+// 8-bit moments are laid out once and are not in checkpoints or state dicts yet: `operation`
+// (a layout change, a checkpoint, a state dict) raises Error(unsupported) naming it when any
+// group keeps them (or `adds_q8`, for groups being added).
+void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8 = false);
 
 }  // namespace optim
 }  // namespace shardopt

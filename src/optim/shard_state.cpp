@@ -31,7 +31,51 @@ StateMask ShardState::state_kinds_needed() const {
   return needed;
 }
 
+MomentLayout ShardState::place_moments(const partition::RankShard& shard) const {
+  MomentLayout out;
+  for (const partition::Segment& s : shard.segments) {
+    MomentPlace place;
+    place.q8 = table_.q8_moments(table_.params()[static_cast<std::size_t>(s.param)]);
+    if (place.q8) {
+      place.code_offset = out.code_numel;
+      place.block_offset = out.blocks;
+      out.code_numel += s.length;
+      out.blocks += kernels::q8_blocks(s.length);
+    } else {
+      place.moment_offset = out.moment_numel;
+      out.moment_numel += s.length;
+    }
+    out.places.push_back(place);
+  }
+  // Without 8-bit params the f32 moments cover the whole shard (its padding included), as the
+  // checkpoint and state-dict code reads them.
+  if (out.code_numel == 0) {
+    out.moment_numel = shard.numel;
+    for (std::size_t i = 0; i < out.places.size(); ++i) out.places[i].moment_offset = shard.segments[i].shard_offset;
+  }
+  return out;
+}
+
+kernels::Q8Moments ShardState::q8_moments(const UpdateRun& run) const {
+  return kernels::Q8Moments{static_cast<uint8_t*>(q8_codes_[0].raw()) + run.code_offset,
+                            static_cast<uint8_t*>(q8_codes_[1].raw()) + run.code_offset,
+                            q8_absmax_[0].data() + run.block_offset, q8_absmax_[1].data() + run.block_offset};
+}
+
+int64_t ShardState::q8_bytes() const {
+  return q8_codes_[0].bytes() + q8_codes_[1].bytes() + q8_absmax_[0].bytes() + q8_absmax_[1].bytes();
+}
+
 void ShardState::ensure_state_kinds() {
+  // amsgrad may be switched on between steps; the ranks agreed on the hyperparameters, so each
+  // refuses alike, before anything is updated.
+  for (int g = 0; g < table_.num_groups(); ++g) {
+    SHARDOPT_CHECK(table_.storage(g).state_precision != StatePrecision::q8 || !table_.groups()[static_cast<std::size_t>(g)].amsgrad,
+                   invalid_argument,
+                   "param group {}: amsgrad cannot be switched on for state_precision = q8 (max_exp_avg_sq has no "
+                   "8-bit form)",
+                   g);
+  }
   // The update changes the masters: a checkpoint's materialised copy would go stale.
   if (masters_materialised_) {
     masters_materialised_ = false;
@@ -42,7 +86,8 @@ void ShardState::ensure_state_kinds() {
   }
   const StateMask needed = state_kinds_needed();
   for (std::size_t k = 0; k < kStateKinds; ++k) {
-    if (needed[k] && state_[k].numel() != own_shard().numel) state_[k].resize(own_shard().numel);
+    const int64_t numel = k == kMaster ? own_shard().numel : moment_numel_;
+    if (needed[k] && state_[k].numel() != numel) state_[k].resize(numel);
   }
   state_in_use_ = needed;
 }
@@ -97,12 +142,27 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   const DType dt = dtype();
   partition::Layout next = partition::make_layout(strategy_of(config_), table_.infos(), dev_.world(), kShardAlignment);
   const int64_t next_shard = next.shards[static_cast<std::size_t>(dev_.rank())].numel;
+  const MomentLayout moments = place_moments(next.shards[static_cast<std::size_t>(dev_.rank())]);
+  // 8-bit moments are laid out once: the optimizer refuses the layout changes that would move them.
+  SHARDOPT_CHECK(!has_layout_ || !table_.any_q8(), internal, "a layout change of an optimizer with 8-bit moments");
 
   // Every kind gets the device, even when empty: ensure_state_kinds() may allocate it later.
   StateBuffers next_state;
   const StateMask needed = state_kinds_needed();
-  for (std::size_t k = 0; k < kStateKinds; ++k) next_state[k] = dev_.new_buffer(needed[k] ? next_shard : 0);
+  for (std::size_t k = 0; k < kStateKinds; ++k) {
+    next_state[k] = dev_.new_buffer(needed[k] ? (k == kMaster ? next_shard : moments.moment_numel) : 0);
+  }
   if (has_layout_) migrate_state(layout_, next, next_state);
+  moment_numel_ = moments.moment_numel;
+  // Fresh 8-bit state is bitsandbytes' zeros: codes 0 and absmax 0.
+  for (std::size_t m = 0; m < 2; ++m) {
+    q8_codes_[m] = dev_.new_buffer(moments.code_numel, DType::byte);
+    q8_absmax_[m] = dev_.new_buffer(moments.blocks);
+    if (moments.code_numel > 0) {
+      dev_.zero_bytes(q8_codes_[m].raw(), static_cast<std::size_t>(q8_codes_[m].bytes()));
+      dev_.zero_bytes(q8_absmax_[m].raw(), static_cast<std::size_t>(q8_absmax_[m].bytes()));
+    }
+  }
   state_in_use_ = needed;
   // Remainders (2 bytes each, moved as raw bf16 bits) wherever a group keeps them; a layout
   // that had none (no such group yet) leaves them zero, which seed_masters() sets anyway.
@@ -253,7 +313,10 @@ void ShardState::refresh_runs() {
   runs_.clear();
   const std::vector<ParamRecord>& params = table_.params();
   const DType dt = dtype();
-  for (const partition::Segment& s : own_shard().segments) {
+  const MomentLayout moments = place_moments(own_shard());
+  for (std::size_t si = 0; si < own_shard().segments.size(); ++si) {
+    const partition::Segment& s = own_shard().segments[si];
+    const MomentPlace& place = moments.places[si];
     if (s.length == 0) continue;
     const ParamRecord& p = params[static_cast<std::size_t>(s.param)];
     if (p.sits_out_step) continue;  // this step leaves it as it is
@@ -265,14 +328,17 @@ void ShardState::refresh_runs() {
       UpdateRun& last = runs_.back();
       const ParamRecord& q = params[static_cast<std::size_t>(last.first_param)];
       const std::size_t run_bytes = span_bytes(last.length, dt);
+      // An 8-bit run is one parameter's segment (its blocks are the parameter's).
       const bool contiguous = last.shard_offset + last.length == s.shard_offset && last.param + run_bytes == param_at &&
-                              last.grad + run_bytes == grad_at && last.first_index + last.length == index;
+                              last.grad + run_bytes == grad_at && last.first_index + last.length == index &&
+                              !last.q8 && !place.q8 && last.moment_offset + last.length == place.moment_offset;
       if (contiguous && q.group == p.group && q.step == p.step && q.has_momentum_buffer == p.has_momentum_buffer) {
         last.length += s.length;
         continue;
       }
     }
-    runs_.push_back(UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index});
+    runs_.push_back(UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index, place.moment_offset,
+                              place.q8, place.code_offset, place.block_offset});
   }
 }
 

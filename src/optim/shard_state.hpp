@@ -18,6 +18,7 @@
 #include "optim/param_table.hpp"
 #include "optim/state_kinds.hpp"
 #include "partition/partition.hpp"
+#include "q8_state.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -35,6 +36,31 @@ struct UpdateRun {
   char* param = nullptr;
   char* grad = nullptr;
   int64_t first_index = 0;  // ParamRecord::first_index of the first element: stochastic rounding's key
+  // Where the run's moments are (ShardState::place_moments): f32 kinds other than the master
+  // at moment_offset; 8-bit moments (q8, one parameter's whole segment) at code_offset, their
+  // absmax at block_offset.
+  int64_t moment_offset = 0;
+  bool q8 = false;
+  int64_t code_offset = 0;
+  int64_t block_offset = 0;
+};
+
+// Where one segment of this rank's shard keeps its moments: f32 moments (exp_avg, exp_avg_sq,
+// max_exp_avg_sq, momentum) only over segments of params without 8-bit moments, packed in
+// segment order, so 8-bit params hold no fp32 moment bytes; codes and absmax packed alike over
+// the 8-bit ones. Without 8-bit params moment_offset is the shard offset.
+struct MomentPlace {
+  int64_t moment_offset = 0;
+  bool q8 = false;
+  int64_t code_offset = 0;
+  int64_t block_offset = 0;
+};
+
+struct MomentLayout {
+  std::vector<MomentPlace> places;  // per segment of the shard, in order
+  int64_t moment_numel = 0;
+  int64_t code_numel = 0;
+  int64_t blocks = 0;
 };
 
 using StateBuffers = std::array<core::FlatBuffer, kStateKinds>;
@@ -126,6 +152,12 @@ class ShardState {
   // element; empty when no group keeps them). Elements of other groups are unused.
   const core::FlatBuffer& remainder_buffer() const { return remainders_; }
   int16_t* master_remainders() const { return static_cast<int16_t*>(remainders_.raw()); }
+  // The moments' placement over a shard of the current table (see MomentPlace).
+  MomentLayout place_moments(const partition::RankShard& shard) const;
+  int64_t moment_numel() const { return moment_numel_; }
+  // 8-bit moments of a q8 run (codes and absmax; kernels/q8_state.hpp).
+  kernels::Q8Moments q8_moments(const UpdateRun& run) const;
+  int64_t q8_bytes() const;
   bool remainder_master(const ParamRecord& p) const {
     return table_.storage(p.group).master == MasterStorage::remainder16 && dtype() == DType::bf16;
   }
@@ -183,6 +215,9 @@ class ShardState {
   StateBuffers state_;          // f32, over this rank's shard
   StateMask state_in_use_{};    // the same on every rank, even where a shard is empty
   core::FlatBuffer remainders_;  // int16 (held as 2-byte bf16 storage) over this rank's shard
+  int64_t moment_numel_ = 0;                     // elements of each f32 moment kind
+  std::array<core::FlatBuffer, 2> q8_codes_;      // exp_avg, exp_avg_sq: bytes over the 8-bit params
+  std::array<core::FlatBuffer, 2> q8_absmax_;     // their absmax per block
   bool remainders_in_use_ = false;     // the same on every rank, even where a shard is empty
   bool masters_materialised_ = false;  // state_[kMaster] is materialise_masters()'s copy
   core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params
