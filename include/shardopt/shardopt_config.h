@@ -34,6 +34,16 @@ typedef enum shardopt_overlap_policy {
   SHARDOPT_OVERLAP_PER_BUCKET = 2      /* each bucket updated and gathered once reduced (no clipping) */
 } shardopt_overlap_policy;
 
+/* How the param groups keep Adam's moments and bf16 masters (docs/compact_state.md). */
+typedef enum shardopt_state_precision {
+  SHARDOPT_STATE_PRECISION_FP32 = 0, /* fp32 moments */
+  SHARDOPT_STATE_PRECISION_Q8 = 1    /* 8-bit blockwise moments (Adam/AdamW, sorted_greedy partition) */
+} shardopt_state_precision;
+typedef enum shardopt_master_storage {
+  SHARDOPT_MASTER_FP32 = 0,       /* an fp32 copy of each bf16/f16 parameter */
+  SHARDOPT_MASTER_REMAINDER16 = 1 /* bf16 only: the parameter and a 16-bit remainder */
+} shardopt_master_storage;
+
 /* Dynamic loss scaling for f16 gradients, with torch.cuda.amp.GradScaler's parameters and rules:
  * the caller multiplies the loss by shardopt_optimizer_loss_scale() before backward; a step whose
  * gradients hold an inf or NaN on any rank is skipped on every rank (no parameter, state or step
@@ -145,6 +155,12 @@ typedef struct shardopt_optimizer_config {
    * shardopt_overlap_policy value, held in 64 bits: a 32-bit field would sit in the earlier
    * struct's tail padding and leave the struct's size, which tells the versions apart, as it was. */
   int64_t overlap;
+  /* ---- appended later: the sizes of the earlier structs (through `overlap`) are still accepted,
+   * and then leave these at their defaults ---- */
+  /* Every param group's compact state (shardopt_state_precision, shardopt_master_storage values;
+   * default 0: fp32 moments and fp32 masters). See OptimizerConfig::state_precision and ::master. */
+  int32_t state_precision;
+  int32_t master;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -169,6 +185,8 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->pipeline_chunk_bytes = 0;
   config->divide_by_initial_world_size = 0;
   config->overlap = SHARDOPT_OVERLAP_OFF;
+  config->state_precision = SHARDOPT_STATE_PRECISION_FP32;
+  config->master = SHARDOPT_MASTER_FP32;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors

@@ -236,6 +236,26 @@ struct optimizer_config {  // through `divide_by_initial_world_size`
   int32_t divide_by_initial_world_size;
 };
 }  // namespace v6
+namespace v7 {
+struct optimizer_config {  // through `overlap`
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+  int32_t node_shared_params;
+  int64_t pipeline_chunk_bytes;
+  int32_t divide_by_initial_world_size;
+  int64_t overlap;
+};
+}  // namespace v7
 namespace v1 {
 struct comm_options {  // through timeout_seconds
   size_t struct_size;
@@ -278,6 +298,7 @@ SHARDOPT_CAPI_SAME_FIELD(v2::memory_report, shardopt_memory_report, buffer_bytes
 SHARDOPT_CAPI_SAME_FIELD(v4::optimizer_config, shardopt_optimizer_config, node_shared_params);
 SHARDOPT_CAPI_SAME_FIELD(v5::optimizer_config, shardopt_optimizer_config, pipeline_chunk_bytes);
 SHARDOPT_CAPI_SAME_FIELD(v6::optimizer_config, shardopt_optimizer_config, divide_by_initial_world_size);
+SHARDOPT_CAPI_SAME_FIELD(v7::optimizer_config, shardopt_optimizer_config, overlap);
 SHARDOPT_CAPI_SAME_FIELD(v1::comm_options, shardopt_comm_options, timeout_seconds);
 SHARDOPT_CAPI_SAME_FIELD(v1::step_report, shardopt_step_report, skipped_steps);
 #undef SHARDOPT_CAPI_SAME_FIELD
@@ -287,7 +308,8 @@ static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
                   sizeof(v3::optimizer_config) < sizeof(v4::optimizer_config) &&
                   sizeof(v4::optimizer_config) < sizeof(v5::optimizer_config) &&
                   sizeof(v5::optimizer_config) < sizeof(v6::optimizer_config) &&
-                  sizeof(v6::optimizer_config) < sizeof(shardopt_optimizer_config),
+                  sizeof(v6::optimizer_config) < sizeof(v7::optimizer_config) &&
+                  sizeof(v7::optimizer_config) < sizeof(shardopt_optimizer_config),
               "each version of shardopt_optimizer_config must have a size of its own");
 
 // Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
@@ -297,9 +319,10 @@ struct KnownSizes {
 };
 template <>
 struct KnownSizes<shardopt_optimizer_config> {
-  static constexpr std::array<std::size_t, 7> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
+  static constexpr std::array<std::size_t, 8> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
                                                         sizeof(v3::optimizer_config), sizeof(v4::optimizer_config),
                                                         sizeof(v5::optimizer_config), sizeof(v6::optimizer_config),
+                                                        sizeof(v7::optimizer_config),
                                                         sizeof(shardopt_optimizer_config)};
 };
 template <>

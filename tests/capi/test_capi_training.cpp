@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -1001,7 +1002,10 @@ TEST_CASE("struct sizes of the earlier header are still accepted; others are ref
                               std::to_string(sizeof(config_before_node_sharing)) + ", " +
                               std::to_string(sizeof(config_before_pipelining)) + ", " +
                               std::to_string(sizeof(config_before_join)) + ", " +
-                              std::to_string(sizeof(config_before_overlap)) + " from earlier headers";
+                              std::to_string(sizeof(config_before_overlap)) + ", " +
+                              // the struct through `overlap`, before state_precision and master
+                              std::to_string(offsetof(shardopt_optimizer_config, state_precision)) +
+                              " from earlier headers";
   config.struct_size = sizeof(config_before_stage) - 8;
   CHECK(shardopt_optimizer_create(comm.get(), &config, &group, 1, &opt) == SHARDOPT_ERR_STRUCT_SIZE);
   CHECK(contains(last_error(), "too small"));
