@@ -93,7 +93,7 @@ struct OptimizerConfig {
   // unsharded data-parallel baseline); no parameter sync is needed.
   bool shard_state = true;
   // Largest single collective issued by reduce_gradients() and the parameter sync. 4 MiB by
-  // measurement (bench/README.md): over Open MPI's shared-memory path, averaging the tutorial
+  // measurement (bench/MEASURED.md): over Open MPI's shared-memory path, averaging the tutorial
   // model's 320 MB of gradients at 2 ranks took 187 ms in 4 MiB buckets, 185 ms in 1 MiB and
   // 432 ms in 64 MiB ones. A bucket holds at least 16 elements; a bucket_bytes that would cut
   // the parameters (all of them, trainable or not) into more than 2^24 buckets is refused at
