@@ -34,7 +34,7 @@ const std::vector<CallRule> kRules = {
      "updates and syncs (overlap: leaves the all-gathers in flight, waited for per parameter)"},
     {GateCall::join, "join", kBetweenRounds, kDrainNothing, Leaves::idle, true,
      "shadows the active ranks' calls until a step (or every rank has joined); refused while a ModelAverager or "
-     "PostLocalSGDOptimizer wraps the optimizer"},
+     "PostLocalSGDOptimizer wraps the optimizer, on every rank of the averaging's world (docs/local_sgd.md)"},
     {GateCall::add_param_group, "add_param_group", kBetweenRounds, kDrainGathers | kDrainSaveReads, Leaves::idle,
      false, "re-lays out the buffers: the round's gradients are dropped"},
     {GateCall::set_trainable, "set_trainable", kBetweenRounds, kDrainGathers | kDrainSaveReads, Leaves::idle, false,
