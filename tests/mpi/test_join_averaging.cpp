@@ -1,4 +1,4 @@
-// tests/mpi/test_join_averaging.cpp — join() under post-local SGD or a ModelAverager: refused by name on every rank of the world (Error(unsupported) naming the rank that called it), never a timeout, at np 2-4, replicas of 1 and 2, in warmup and after, with the outer optimizer.
+// tests/mpi/test_join_averaging.cpp — join() under post-local SGD or a ModelAverager: refused by name on every rank of the world (Error(unsupported) naming the rank that called it), never a timeout, at np 2-4, replicas of 1 and 2, in warmup and after, with the outer optimizer; the averaging's agreement, which carries it, spans every replica.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -30,6 +30,7 @@ constexpr int kSteps = 6;  // the ranks that do not join run out of steps here
 struct Scenario {
   int replica_size = 1;
   int stage = 1;
+  OverlapPolicy overlap = OverlapPolicy::off;
   AveragerConfig averager = periodic_averager(2);
   bool post_local_sgd = true;  // false: the trainer drives the optimizer and a ModelAverager itself
   int joined_rank = 0;         // trains `joins_after` steps, then calls join()
@@ -68,6 +69,7 @@ Outcome run(const Scenario& s) {
   OptimizerConfig config;
   config.algorithm = Algorithm::adamw;
   config.stage = s.stage;
+  config.overlap = s.overlap;
   config.bucket_bytes = 64 * 4;
   r.opt = std::make_unique<ZeroOptimizer>(r.world->split(rank / s.replica_size, rank), config,
                                           std::vector<ParamGroupSpec>{r.params.all()});
@@ -85,6 +87,7 @@ Outcome run(const Scenario& s) {
             100u + 13u * static_cast<uint32_t>(rank + 5 * t) + static_cast<uint32_t>(id), kSizes[static_cast<std::size_t>(id)], 0.5f);
         if (s.stage == 1) {
           std::memcpy(r.opt->grad_view(id).data, g.data(), g.size() * sizeof(float));
+          if (s.overlap != OverlapPolicy::off) r.opt->grad_ready(id);
         } else if (r.plsgd) {
           r.plsgd->reduce_gradient(id, TensorRef{g.data(), static_cast<int64_t>(g.size())});
         } else {
@@ -138,6 +141,11 @@ TEST_CASE("join() under post-local SGD over one-rank replicas is refused on ever
   }
   SECTION("the outer optimizer") { s.averager.outer.enabled = true; }
   SECTION("the last rank joins") { s.joined_rank = world()->size() - 1; }
+  SECTION("an overlapped optimizer") { s.overlap = OverlapPolicy::after_backward; }
+  SECTION("per_bucket, the outer optimizer") {
+    s.overlap = OverlapPolicy::per_bucket;
+    s.averager.outer.enabled = true;
+  }
   SECTION("every rank joins in the end, before the next averaging") {
     s.averager = periodic_averager(8);
     s.everyone_joins = true;
@@ -182,6 +190,33 @@ TEST_CASE("join() under hierarchical averaging is refused on every rank", "[join
   SECTION("two-rank replicas") { s.replica_size = 2; }
   SECTION("a rank of the other group joins") { s.joined_rank = 3; }
   check_refused_everywhere(s);
+}
+
+TEST_CASE("a refusal on one replica in the averaging's agreement reaches the ranks of every replica",
+          "[averaging][agreement]") {
+  if (world()->size() < 2) return;
+  const int replica_size = GENERATE(1, 2);
+  if (world()->size() % replica_size != 0 || world()->size() / replica_size < 2) return;
+  auto kept_run = std::make_shared<Run>();
+  kept().push_back(kept_run);
+  Run& r = *kept_run;
+  r.world = world()->split(0, world()->rank());
+  const int rank = r.world->rank();
+  OptimizerConfig config;
+  config.stage = 2;
+  r.opt = std::make_unique<ZeroOptimizer>(r.world->split(rank / replica_size, rank), config,
+                                          std::vector<ParamGroupSpec>{r.params.all()});
+  r.averager = std::make_unique<ModelAverager>(r.world, *r.opt, periodic_averager(1));
+  // The first replica opens a gradient round and averages inside it: its gate refuses. The
+  // other replicas' ranks learn it in the agreement over the partners of their shard, where
+  // they would otherwise wait for the first replica until the timeout.
+  std::vector<float> g = shardopt_test::seeded_values(9u, kSizes[0]);
+  if (rank / replica_size == 0) r.opt->reduce_gradient(0, TensorRef{g.data(), kSizes[0]});
+  const auto [code, message] = shardopt_test::error_of([&] { r.averager->average_parameters(); });
+  INFO("rank " << rank << ": " << message);
+  CHECK(code == ErrorCode::invalid_argument);
+  CHECK_THAT(message, Catch::Contains("average_parameters") &&
+                          Catch::Contains("gradients were handed with grad_ready()/reduce_gradient()"));
 }
 
 int main(int argc, char** argv) {
