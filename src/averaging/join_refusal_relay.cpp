@@ -10,6 +10,8 @@
 // carries it, and all members of that agreement learn it together: nobody waits on a group
 // whose ranks have all left it.
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "averaging/averaging_schedule.hpp"
 #include "averaging/model_averager_impl.hpp"
@@ -33,6 +35,24 @@ void carry_into_next_agreement(Communicator& comm, const Error& e) {
   }
 }
 
+// The levels, in the order of the first step from `from` on that averages at each (a level
+// whose steps all fall on larger levels' is left out: it never averages).
+std::vector<int> levels_in_schedule_order(const AveragerConfig& config, int64_t from) {
+  std::vector<std::pair<int64_t, int>> first;
+  for (std::size_t l = 0; l < config.levels.size(); ++l) {
+    const int64_t period = config.levels[l].period;
+    // Periodic averagers count from warmup, hierarchical ones from step 0 (averaging_schedule).
+    const int64_t origin = config.hierarchical ? 0 : config.warmup_steps;
+    int64_t s = origin + (from - origin + period - 1) / period * period;
+    for (int tries = 0; tries < 64 && averaging::level_at(config, s) != static_cast<int>(l); ++tries) s += period;
+    if (averaging::level_at(config, s) == static_cast<int>(l)) first.emplace_back(s, static_cast<int>(l));
+  }
+  std::sort(first.begin(), first.end());
+  std::vector<int> levels;
+  for (const auto& f : first) levels.push_back(f.second);
+  return levels;
+}
+
 }  // namespace
 
 void ModelAverager::Impl::relay_join_refusal(const Error& e, const std::vector<const Communicator*>& covered) {
@@ -48,10 +68,14 @@ void ModelAverager::Impl::relay_join_refusal(const Error& e, const std::vector<c
   // order the other replicas reach them, so that no rank waits here for a rank waiting there.
   add(&port.replica());
   if (warmup_gradients_cross && step < config.warmup_steps) add(groups.world_peers.get());
-  const int64_t horizon = std::max(step, config.warmup_steps) + config.levels.back().period;
-  for (int64_t s = step; s <= horizon; ++s) {
-    const int level = averaging::level_at(config, s);
-    if (level >= 0) add(groups.level_peers[static_cast<std::size_t>(level)].get());
+  for (int level : levels_in_schedule_order(config, std::max(step, config.warmup_steps))) {
+    add(groups.level_peers[static_cast<std::size_t>(level)].get());
+  }
+  // (config.overlap: the last step's all-gathers land first; this rank's MPI calls come from
+  // one thread at a time.)
+  try {
+    port.wait_for_queued_work();
+  } catch (const Error&) {
   }
   for (Communicator* c : order) carry_into_next_agreement(*c, e);
 }

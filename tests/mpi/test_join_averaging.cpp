@@ -189,6 +189,11 @@ TEST_CASE("join() under hierarchical averaging is refused on every rank", "[join
   SECTION("one-rank replicas") {}
   SECTION("two-rank replicas") { s.replica_size = 2; }
   SECTION("a rank of the other group joins") { s.joined_rank = 3; }
+  SECTION("the world's averaging comes before the group's") { s.joins_after = 3; }
+  SECTION("in warmup, two-rank replicas") {
+    s.replica_size = 2;
+    s.averager = hierarchical_averager({{2, 2}, {4, 4}}, 3);
+  }
   check_refused_everywhere(s);
 }
 
