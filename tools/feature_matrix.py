@@ -9,7 +9,8 @@
 Every combination either steps bitwise like the plain reference run of the same program
 (overlap off, stage 1, flat, node sharing off: the implementation dimensions at their first
 value, the semantic ones as the combination has them, same world size) or is refused by name
-on every rank by a constructor. A combination marked known failing below does neither today:
+on every rank: by a constructor, or (a combination a call makes, such as join() beside model
+averaging) by that call and the calls that meet it, never by a timeout. A combination marked known failing below does neither today:
 the test runs it and asserts it still fails the same way, so a fix shows up as a test failure
 that asks for the mark to go.
 """
