@@ -361,7 +361,9 @@ class SHARDOPT_API ZeroOptimizer {
   // record, so joining costs no collective of its own; at stage 2 with bucket view each round
   // opens with one small agreement (at its first reduce_gradient) so that a joined rank can
   // take part before any bucket is reduced. Returns once every rank is in join(); afterwards
-  // every rank holds the same parameters. Call it with no stage-2 round open.
+  // every rank holds the same parameters. Call it with no stage-2 round open. Refused while a
+  // ModelAverager or PostLocalSGDOptimizer wraps this optimizer: Error(unsupported) on every
+  // rank of the averaging's world (shardopt/averaging.hpp says where each rank raises it).
   void join();
   // One part of join(): follows the active ranks' calls up to and including one step (true), or
   // returns false once every rank is in join_step()/join(). For trainers whose own join loop
