@@ -109,7 +109,7 @@ struct OptimizerConfig {
   // unsharded data-parallel baseline); no parameter sync is needed.
   bool shard_state = true;
   // Largest single collective issued by reduce_gradients() and the parameter sync. 4 MiB by
-  // measurement (bench/README.md): over Open MPI's shared-memory path, averaging the tutorial
+  // measurement (bench/MEASURED.md): over Open MPI's shared-memory path, averaging the tutorial
   // model's 320 MB of gradients at 2 ranks took 187 ms in 4 MiB buckets, 185 ms in 1 MiB and
   // 432 ms in 64 MiB ones. A bucket holds at least 16 elements; a bucket_bytes that would cut
   // the parameters (all of them, trainable or not) into more than 2^24 buckets is refused at
@@ -394,7 +394,9 @@ class SHARDOPT_API ZeroOptimizer {
   // record, so joining costs no collective of its own; at stage 2 with bucket view each round
   // opens with one small agreement (at its first reduce_gradient) so that a joined rank can
   // take part before any bucket is reduced. Returns once every rank is in join(); afterwards
-  // every rank holds the same parameters. Call it with no stage-2 round open.
+  // every rank holds the same parameters. Call it with no stage-2 round open. Refused while a
+  // ModelAverager or PostLocalSGDOptimizer wraps this optimizer: Error(unsupported) on every
+  // rank of the averaging's world (shardopt/averaging.hpp says where each rank raises it).
   void join();
   // One part of join(): follows the active ranks' calls up to and including one step (true), or
   // returns false once every rank is in join_step()/join(). For trainers whose own join loop
