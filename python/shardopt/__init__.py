@@ -48,6 +48,8 @@ from ._shardopt import (  # noqa: F401  (the public API)
     PeriodicModelAverager,
     PostLocalSGDOptimizer,
     Storage,
+    StatePrecision,
+    MasterStorage,
     ZeroOptimizer,
     default_hyperparams,
     hierarchical_averager,
