@@ -93,6 +93,10 @@ static void check_shape(const std::string& label, const ParamSpec& p, Algorithm 
                    p.param.numel);
   }
   if (algorithm == Algorithm::muon) {
+    SHARDOPT_CHECK(!p.param.device.is_cuda(), unsupported,
+                   "parameter {} in param group {} (muon) is on {}: this build runs Muon's Newton-Schulz on the CPU "
+                   "only",
+                   label, group, device_name(p.param.device));
     SHARDOPT_CHECK(p.shape.size() == 2, invalid_argument,
                    "parameter {} in param group {} (muon) has shape [{}]: Muon updates 2-D parameters only (give "
                    "ParamSpec::shape as [rows, cols], or put the parameter in a group of another algorithm)",
@@ -132,6 +136,14 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
     const Hyperparams hyper = spec.hyper.resolve(defaults_for(algorithm));
     validate_hyperparams(hyper, algorithm, group_index);
     SHARDOPT_CHECK(!spec.params.empty(), invalid_argument, "param group {} has an empty parameter list", group_index);
+    if (algorithm == Algorithm::muon) {
+      // A matrix is updated whole, once all of its gradient is in: per_bucket would update it
+      // when its first bucket lands.
+      SHARDOPT_CHECK(config.overlap != OverlapPolicy::per_bucket, invalid_argument,
+                     "param group {} runs Muon, which updates each matrix whole once all of its gradient is reduced; "
+                     "config.overlap = per_bucket updates bucket by bucket (use after_backward)",
+                     group_index);
+    }
     out.groups.push_back(hyper);
     out.algorithms.push_back(algorithm);
     for (const ParamSpec& p : spec.params) {

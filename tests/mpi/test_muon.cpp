@@ -249,6 +249,27 @@ TEST_CASE("a non-2-D parameter in a Muon group is refused on every rank, by name
                       Catch::Contains("'w_wide' has shape [4, 8] (32 elements) but numel 36"));
 }
 
+TEST_CASE("Muon groups refuse per_bucket overlap on every rank, by name", "[muon][errors]") {
+  std::vector<Param> model = mixed_model();
+  OptimizerConfig config;
+  config.overlap = OverlapPolicy::per_bucket;
+  REQUIRE_THROWS_WITH(ZeroOptimizer(world(), specs(model, {0, 1}, false), config),
+                      Catch::Contains("param group 1 runs Muon") && Catch::Contains("per_bucket"));
+  // after_backward overlaps the reductions and still updates each matrix whole, bitwise as off.
+  config.overlap = OverlapPolicy::after_backward;
+  std::vector<float> overlapped;
+  {
+    ZeroOptimizer opt(world(), specs(model, {0, 1, 3}, false), config);
+    train(opt, 0, 3);
+    opt.wait_all();
+    overlapped = values_by_name(opt, {"w_tall", "w_big", "bias0", "w_other"});
+  }
+  std::vector<Param> again = mixed_model();
+  ZeroOptimizer plain(world(), specs(again, {0, 1, 3}, false), OptimizerConfig{});
+  train(plain, 0, 3);
+  REQUIRE(bitwise_equal(overlapped, values_by_name(plain, {"w_tall", "w_big", "bias0", "w_other"})));
+}
+
 TEST_CASE("a group's algorithm that differs between ranks is a named mismatch on every rank", "[muon][errors]") {
   if (world()->size() < 2) return;
   std::vector<Param> model = mixed_model();
