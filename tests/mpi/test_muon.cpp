@@ -207,6 +207,25 @@ TEST_CASE("mixed Muon and AdamW groups: N ranks give the bytes of one rank", "[m
   }
 }
 
+TEST_CASE("Muon under a pipelined sync and unsharded state: N ranks give the bytes of one rank", "[muon][zero]") {
+  for (int variant = 0; variant < 2; ++variant) {
+    CAPTURE(variant);
+    OptimizerConfig config;
+    config.bucket_bytes = 96;
+    if (variant == 0) {
+      // Chunks far smaller than a matrix: each matrix is updated whole by the chunk that holds
+      // its first element, and later chunks only send what it wrote.
+      config.pipeline_chunk_bytes = 64;
+      config.node_shared_params = false;
+    } else {
+      config.shard_state = false;  // every rank updates every matrix
+    }
+    const std::vector<float> result = train_mixed(world(), config, 3);
+    REQUIRE(bitwise_equal(result, train_mixed(solo(), config, 3)));
+    REQUIRE(bitwise_equal(result, train_mixed(world(), OptimizerConfig{}, 3)));
+  }
+}
+
 TEST_CASE("Muon matrices are owned whole, largest Newton-Schulz cost first to the least-loaded rank", "[muon]") {
   std::vector<Param> model = mixed_model();
   for (PartitionStrategy partition : {PartitionStrategy::flat, PartitionStrategy::sorted_greedy}) {
