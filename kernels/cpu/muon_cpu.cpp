@@ -15,6 +15,19 @@ namespace {
 
 float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
+// OpenBLAS's thread count is process-wide: set for the orthogonalisation, then given back, so a
+// trainer's own BLAS calls (the demo's MLP) keep theirs.
+class BlasThreads {
+ public:
+  explicit BlasThreads(int threads) : before_(openblas_get_num_threads()) { openblas_set_num_threads(threads); }
+  ~BlasThreads() { openblas_set_num_threads(before_); }
+  BlasThreads(const BlasThreads&) = delete;
+  BlasThreads& operator=(const BlasThreads&) = delete;
+
+ private:
+  int before_;
+};
+
 // torch's lerp: start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w).
 float lerp(float start, float end, float weight) {
   return std::fabs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.f - weight);
@@ -78,7 +91,7 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
                        MuonPrecision precision, int blas_threads, MuonWorkspace& ws) {
   SHARDOPT_KERNEL_CHECK(rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, invalid_argument,
                  "newton_schulz_cpu: a {} x {} matrix (each side must be in [1, 2^31))", rows, cols);
-  openblas_set_num_threads(blas_threads);
+  const BlasThreads scope(blas_threads);
   // Work on the wide orientation (m <= n), as torch transposes a tall matrix.
   const bool tall = rows > cols;
   const int64_t m = tall ? cols : rows;

@@ -41,7 +41,7 @@ enum class MuonPrecision : int32_t { bf16 = 0, f32 = 1 };
 
 // Orthogonalises the rows x cols row-major matrix `g` into `out` (both f32; they may alias):
 // torch.optim.Muon's _zeropower_via_newtonschulz. Every sgemm runs on `blas_threads` OpenBLAS
-// threads (set before each call: a process-wide setting of OpenBLAS).
+// threads (OpenBLAS's process-wide setting, set for the call and restored after it).
 void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, const MuonScalars& s,
                        MuonPrecision precision, int blas_threads, MuonWorkspace& ws);
 
