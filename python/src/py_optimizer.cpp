@@ -82,7 +82,9 @@ void init_optimizer(PyZeroOptimizer* self, std::shared_ptr<shardopt::Communicato
   std::vector<DlpackOwner> tensors;
   auto [resolved, specs] = read_collectively(*comm, "ZeroOptimizer", [&] {
     shardopt::OptimizerConfig c = config;
-    c.defaults = defaults_from(config, keywords);
+    // Only keywords (or config.defaults) make explicit defaults: without, each group's unset keys
+    // take its own algorithm's torch defaults (an AdamW group beside a Muon one decays by 0.01).
+    if (keywords.size() > 0 || config.defaults) c.defaults = defaults_from(config, keywords);
     Groups out;
     for (nb::handle g : groups) out.push_back(group_from(g, c, tensors));
     return std::make_pair(c, std::move(out));
