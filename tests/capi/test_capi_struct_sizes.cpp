@@ -117,6 +117,25 @@ struct config_before_overlap {
   int32_t divide_by_initial_world_size;
 };
 
+struct config_before_muon {
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+  int32_t node_shared_params;
+  int64_t pipeline_chunk_bytes;
+  int32_t divide_by_initial_world_size;
+  int64_t overlap;
+};
+
 struct memory_report_before_master {
   size_t struct_size;
   int64_t state_bytes;
@@ -184,7 +203,8 @@ TEST_CASE("struct sizes of the earlier header are still accepted; others are ref
                               std::to_string(sizeof(config_before_node_sharing)) + ", " +
                               std::to_string(sizeof(config_before_pipelining)) + ", " +
                               std::to_string(sizeof(config_before_join)) + ", " +
-                              std::to_string(sizeof(config_before_overlap)) + " from earlier headers";
+                              std::to_string(sizeof(config_before_overlap)) + ", " +
+                              std::to_string(sizeof(config_before_muon)) + " from earlier headers";
   config.struct_size = sizeof(config_before_stage) - 8;
   CHECK(shardopt_optimizer_create(comm.get(), &config, &group, 1, &opt) == SHARDOPT_ERR_STRUCT_SIZE);
   CHECK(contains(last_error(), "too small"));
