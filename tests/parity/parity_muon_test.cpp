@@ -34,10 +34,14 @@ std::vector<float> floats(const json& list) {
 }
 
 std::vector<MuonCase> load_cases(const std::string& precision) {
+  // The live test's directory holds what the torch installed here wrote; a torch without
+  // torch.optim.Muon (before 2.9) writes no Muon vectors, so those come from the committed ones.
   const char* dir = std::getenv("SHARDOPT_GOLDEN_DIR");
-  const std::string path = fmt::format("{}/golden_muon_{}.json", dir != nullptr ? dir : SHARDOPT_GOLDEN_DIR_DEFAULT,
-                                       precision);
+  const std::string name = fmt::format("golden_muon_{}.json", precision);
+  std::string path = fmt::format("{}/{}", SHARDOPT_GOLDEN_DIR_DEFAULT, name);
+  if (dir != nullptr && std::ifstream(fmt::format("{}/{}", dir, name)).good()) path = fmt::format("{}/{}", dir, name);
   std::ifstream in(path);
+  INFO(path);
   REQUIRE(in.good());
   const json doc = json::parse(in);
   REQUIRE(doc.at("format") == "shardopt-golden-muon-v1");
