@@ -72,6 +72,7 @@ void Service::run() {
     sleep = sleep.count() == 0 ? microseconds{20} : std::min(sleep * 2, microseconds{1000});
     std::this_thread::sleep_for(sleep);
   }
+  update_memory_stats();
   // Replies still in flight when the owner stops: MPI may read them until they complete.
   for (Reply& r : replies_) {
     int done = 0;
@@ -203,6 +204,7 @@ void Service::apply_step(int source, const PendingStep& step) {
   const auto key = std::make_pair(source, h.context);
   auto found = contexts_.find(key);
   TrainerState& trainer = trainers_[source];
+  trainer.last_heard = Clock::now();  // it waited on this step: its silence starts with the answer
   if (trainer.expired.count(h.context) != 0) {
     reply(source, h.request_id, static_cast<int>(ErrorCode::invalid_argument),
           fmt::format("context {} expired on this owner after {} s without a push", h.context,
@@ -285,14 +287,17 @@ void Service::reply(int dest, int64_t request_id, int code, const std::string& m
   }
 }
 
-void Service::drop_trainer_contexts(int trainer) {
+int64_t Service::drop_trainer_contexts(int trainer) {
+  int64_t dropped = 0;
   for (auto it = contexts_.begin(); it != contexts_.end();) {
     if (it->first.first == trainer && !it->second.stepped) {
       it = contexts_.erase(it);
+      ++dropped;
     } else {
       ++it;
     }
   }
+  return dropped;
 }
 
 void Service::housekeeping() {
@@ -323,10 +328,13 @@ void Service::housekeeping() {
   }
   int64_t gone = 0;
   for (auto& [rank, t] : trainers_) {
-    if (t.gone || t.finished || seconds_since(t.last_heard) <= options_.context_expiry_seconds) continue;
+    // A trainer whose step waits here for its turn is waiting on us, not silent.
+    if (t.gone || t.finished || !t.waiting.empty() || seconds_since(t.last_heard) <= options_.context_expiry_seconds) {
+      continue;
+    }
     t.gone = true;
     t.waiting.clear();
-    drop_trainer_contexts(rank);
+    expired += drop_trainer_contexts(rank);  // a silent trainer's open contexts expire with it
     ++gone;
   }
   {

@@ -60,7 +60,7 @@ class Service {
   void apply_step(int source, const PendingStep& step);
   void drain_deterministic();
   void housekeeping();
-  void drop_trainer_contexts(int trainer);
+  int64_t drop_trainer_contexts(int trainer);  // its open contexts; returns how many
   bool all_trainers_done() const;
   void reply(int dest, int64_t request_id, int code, const std::string& message, const void* data = nullptr,
              std::size_t bytes = 0);
