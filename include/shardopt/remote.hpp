@@ -160,6 +160,20 @@ class SHARDOPT_API RemoteOptimizer {
   // for context_expiry_seconds, and returns. Not collective: ranks return as their part ends.
   void close();
 
+  // ---- checkpoints: collective over the communicator (every rank, owning rows or not) ----
+  // Call with no step in flight on any trainer (every step() returned, every step_async
+  // waited for), so that every owner holds the same steps applied. The parameters of each
+  // algorithm are saved to `dir`/<algorithm>/ ("sgd", "adam", "adamw") as one sharded
+  // checkpoint of shardopt's format: a shard file per owner of them (its rows' values and
+  // state), manifest.json last, written atomically by rank 0 (shardopt-ckpt verify reads it).
+  // A failure on any rank raises the same Error on every rank; the previous checkpoint stays.
+  void save(const std::string& dir);
+  // Restores values, state and step counts from `dir` (the hyperparameters stay the registered ones), whatever rows each owner
+  // held when it was saved (resharding to other owners, or to a different count of them). The
+  // checkpoint must hold exactly the registered names and sizes under the same algorithms
+  // (Error(invalid_argument) on every rank otherwise, nothing changed).
+  void load(const std::string& dir);
+
   RemoteStats stats() const;
   const RemoteOptions& options() const;
 

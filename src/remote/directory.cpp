@@ -75,6 +75,8 @@ void parse(const std::string& text, int rank, bool& trainer, std::vector<std::pa
   }
 }
 
+}  // namespace
+
 // Every rank's text, in rank order (two all-gathers: the lengths, then the padded texts).
 std::vector<std::string> all_gather_text(Communicator& comm, const std::string& mine) {
   const int n = comm.size();
@@ -92,8 +94,6 @@ std::vector<std::string> all_gather_text(Communicator& comm, const std::string& 
   }
   return texts;
 }
-
-}  // namespace
 
 void validate_entry(const OwnedEntry& e) {
   SHARDOPT_CHECK(!e.name.empty() && e.name.find_first_of("\t\n") == std::string::npos, invalid_argument,

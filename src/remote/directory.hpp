@@ -63,6 +63,9 @@ class Directory {
   std::vector<int> owners_;
 };
 
+// Collective: every rank's `mine`, in rank order (its length first, then the padded texts).
+std::vector<std::string> all_gather_text(Communicator& comm, const std::string& mine);
+
 // The local checks of one owner's entry (Error(invalid_argument) naming the parameter).
 void validate_entry(const OwnedEntry& entry);
 

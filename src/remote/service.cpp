@@ -106,6 +106,7 @@ bool Service::receive_one() {
     if (found != trainers_.end()) found->second.last_heard = Clock::now() - std::chrono::hours(24);
     return true;
   }
+  std::lock_guard<std::mutex> lock(store_mutex_);
   handle(status.MPI_SOURCE, scratch_.data(), static_cast<std::size_t>(bytes));
   return true;
 }

@@ -30,6 +30,9 @@ class Service {
   // Ends the thread after its current request (the owner is going away).
   void stop();
   RemoteStats stats() const;
+  // Held by the thread while it handles a request: hold it to read or replace the store's
+  // contents between requests (checkpoints).
+  std::mutex& store_mutex() { return store_mutex_; }
 
  private:
   struct PendingStep {
@@ -76,6 +79,7 @@ class Service {
   std::list<Reply> replies_;
   std::vector<char> scratch_;
   std::atomic<bool> stop_{false};
+  std::mutex store_mutex_;
   mutable std::mutex stats_mutex_;
   RemoteStats stats_;
   std::thread thread_;

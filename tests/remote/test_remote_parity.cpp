@@ -1,8 +1,6 @@
 // tests/remote/test_remote_parity.cpp — the remote optimizer in deterministic order is bitwise a local one-rank ZeroOptimizer fed the same summed gradients, at 1-3 owners and 1-3 trainers; sparse rows, pull and pull_rows.
-#include <map>
-#include <memory>
-
 #include "remote_model.hpp"
+#include "remote_reference.hpp"
 
 using namespace shardopt;
 using namespace shardopt_test;
@@ -10,57 +8,6 @@ using namespace shardopt_test;
 namespace {
 
 constexpr int kSteps = 3;
-
-// One ZeroOptimizer per algorithm over a one-rank communicator: the local reference.
-class LocalReference {
- public:
-  LocalReference(const std::shared_ptr<Communicator>& alone, const std::vector<RemoteModelParam>& model)
-      : model_(model) {
-    for (Algorithm algorithm : {Algorithm::adamw, Algorithm::sgd}) {
-      ParamGroupSpec group;
-      group.hyper = busy_hyperparams(algorithm);
-      for (const RemoteModelParam& p : model) {
-        if (p.algorithm != algorithm) continue;
-        where_[p.name] = {algorithm, static_cast<ParamId>(group.params.size())};
-        group.params.push_back(ParamSpec{p.name, TensorRef{const_cast<float*>(p.initial.data()), p.numel()}, TensorRef{}});
-      }
-      OptimizerConfig config;
-      config.algorithm = algorithm;
-      optimizers_[algorithm] = std::make_unique<ZeroOptimizer>(alone, std::vector<ParamGroupSpec>{group}, config);
-    }
-  }
-
-  // One step of each optimizer over the summed pushes (params no push names sit it out).
-  void apply(const std::vector<RemotePush>& pushes) {
-    for (auto& [algorithm, opt] : optimizers_) {
-      std::vector<ParamId> without;
-      for (const RemoteModelParam& p : model_) {
-        if (p.algorithm != algorithm) continue;
-        const ParamId id = where_[p.name].second;
-        std::vector<float> sum = summed(pushes, p);
-        if (sum.empty()) {
-          without.push_back(id);
-          sum.assign(static_cast<std::size_t>(p.numel()), 0.f);
-        }
-        std::memcpy(opt->grad_view(id).data, sum.data(), sum.size() * sizeof(float));
-      }
-      if (static_cast<int>(without.size()) == opt->num_params()) continue;
-      opt->reduce_gradients();
-      opt->step(without);
-    }
-  }
-
-  std::vector<float> values(const std::string& name) const {
-    const auto& at = where_.at(name);
-    const TensorRef v = optimizers_.at(at.first)->param_view(at.second);
-    return std::vector<float>(v.as<float>(), v.as<float>() + v.numel);
-  }
-
- private:
-  std::vector<RemoteModelParam> model_;
-  std::map<Algorithm, std::unique_ptr<ZeroOptimizer>> optimizers_;
-  std::map<std::string, std::pair<Algorithm, ParamId>> where_;
-};
 
 struct Roles {
   std::vector<int> owners;
@@ -77,25 +24,6 @@ std::vector<Roles> roles_for(int n) {
 }
 
 bool has(const std::vector<int>& ranks, int rank) { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); }
-
-void run_trainer(RemoteOptimizer& remote, int rank, int k, bool use_async) {
-  const RemoteContext context = remote.open_context();
-  const std::vector<RemotePush> pushes = pushes_of(rank, k);
-  for (const RemotePush& push : pushes) {
-    const RemoteParam handle = remote.lookup(push.param);
-    if (push.rows.empty()) {
-      remote.push(context, handle, push.values.data(), static_cast<int64_t>(push.values.size()));
-    } else {
-      remote.push_rows(context, handle, push.rows.data(), static_cast<int64_t>(push.rows.size()), push.values.data());
-    }
-  }
-  if (use_async) {
-    RemoteStepHandle step = remote.step_async(context);
-    step.wait();
-  } else {
-    remote.step(context);
-  }
-}
 
 }  // namespace
 
@@ -115,7 +43,7 @@ TEST_CASE("remote deterministic order: bitwise a local ZeroOptimizer fed the sam
     CHECK(remote.param_names() == std::vector<std::string>{"b", "emb", "w"});
     CHECK(remote.owners(remote.lookup("emb")).size() == roles.owners.size());
     if (options.trainer) {
-      for (int k = 0; k < kSteps; ++k) run_trainer(remote, rank, k, k == 1);
+      for (int k = 0; k < kSteps; ++k) run_remote_step(remote, rank, k, k == 1);
     }
     comm->barrier();  // every trainer's steps returned: applied on every owner
     if (options.trainer) {
@@ -161,7 +89,7 @@ TEST_CASE("remote arrival order: every trainer's steps applied once on every own
   options.timeout_seconds = 20;
   RemoteOptimizer remote(comm, owned_groups(model, rank), options);
   if (options.trainer) {
-    for (int k = 0; k < kSteps; ++k) run_trainer(remote, rank, k, k == 2);
+    for (int k = 0; k < kSteps; ++k) run_remote_step(remote, rank, k, k == 2);
   }
   comm->barrier();
   const int trainers = n == 1 ? 1 : n - 1;
