@@ -48,6 +48,8 @@ if "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   "$venv/bin/python" "$source_dir/python/tests/zero_tutorial_check.py"
   echo "== torch's overlap_with_ddp pattern (DDP hook hook_with_zero_step): shardopt under torchrun and mpirun"
   "$venv/bin/python" "$source_dir/python/tests/zero_overlap_ddp_check.py"
+  echo "== torch's RPC DistributedOptimizer example: torch's class and shardopt.torch's, 2 and 3 workers"
+  (cd "$work" && "$venv/bin/python" "$source_dir/python/tests/rpc_dist_optim_check.py")
 else
   echo "== torch's ZeRO tutorial and overlap pattern: skipped: torch cannot be imported"
 fi
