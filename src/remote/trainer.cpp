@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "comm/mpi/mpi_runtime.hpp"
 #include "comm/watchdog.hpp"
@@ -34,34 +35,76 @@ Exchange::~Exchange() {
   }
 }
 
+namespace {
+
+// comm::poll_until's schedule (a 200 us spin, then sleeps doubling from 20 us to 1 ms), except
+// that any progress (`progress()` grew) starts the spin again: a trainer's large pushes travel
+// only while it calls MPI (rendezvous), so it must not sleep while they are moving.
+template <typename Done, typename Progress>
+bool poll_with_progress(const comm::Deadline& deadline, const Done& done, const Progress& progress) {
+  using std::chrono::microseconds;
+  std::size_t seen = 0;
+  auto quiet_since = comm::WatchdogClock::now();
+  microseconds sleep{20};
+  for (;;) {
+    if (done()) return true;
+    if (deadline.seconds() > 0 && deadline.elapsed() > deadline.seconds()) return false;
+    const std::size_t now_done = progress();
+    if (now_done != seen) {
+      seen = now_done;
+      quiet_since = comm::WatchdogClock::now();
+      sleep = microseconds{20};
+    }
+    if (std::chrono::duration<double>(comm::WatchdogClock::now() - quiet_since).count() < 200e-6) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, microseconds{1000});
+  }
+}
+
+}  // namespace
+
 void Exchange::finish() {
   int failed_code = MPI_SUCCESS;
   int failed_owner = -1;
+  std::size_t completed = 0;  // requests seen complete so far: progress resets the backoff
   const auto all_done = [&] {
+    completed = 0;
+    bool all = true;
     for (auto& s : sends) {
       int done = 0;
-      if (s->request == MPI_REQUEST_NULL) continue;
+      if (s->request == MPI_REQUEST_NULL) {
+        ++completed;
+        continue;
+      }
       const int code = MPI_Test(&s->request, &done, MPI_STATUS_IGNORE);
       if (code != MPI_SUCCESS) {
         failed_code = code;
         s->request = MPI_REQUEST_NULL;
       }
-      if (!done) return false;
+      if (!done) all = false;
+      completed += done != 0;
     }
     for (std::size_t i = 0; i < replies.size(); ++i) {
       int done = 0;
-      if (replies[i] == MPI_REQUEST_NULL) continue;
+      if (replies[i] == MPI_REQUEST_NULL) {
+        ++completed;
+        continue;
+      }
       const int code = MPI_Test(&replies[i], &done, MPI_STATUS_IGNORE);
       if (code != MPI_SUCCESS) {
         failed_code = code;
         failed_owner = owners[i];
         replies[i] = MPI_REQUEST_NULL;
       }
-      if (!done) return false;
+      if (!done) all = false;
+      completed += done != 0;
     }
-    return true;
+    return all;
   };
-  const bool done = comm::poll_until(comm::Deadline(timeout_seconds), all_done);
+  const bool done = poll_with_progress(comm::Deadline(timeout_seconds), all_done, [&] { return completed; });
   if (!done) {
     int silent = -1;
     for (std::size_t i = 0; i < replies.size(); ++i) {
@@ -233,7 +276,10 @@ std::unique_ptr<Exchange> Trainer::step(RemoteContext context) {
     request->header.request_id = request_id;
     request->header.sequence = sequence;
     request->header.count = static_cast<int64_t>(touched.size());
-    const int code = start_send(*request, {{touched.data(), touched.size() * sizeof(int32_t)}}, owner, comm_);
+    // The ids travel from the request's own copy: MPI may read them after this call returns.
+    request->packed.resize(touched.size() * sizeof(int32_t));
+    if (!touched.empty()) std::memcpy(request->packed.data(), touched.data(), request->packed.size());
+    const int code = start_send(*request, {{request->packed.data(), request->packed.size()}}, owner, comm_);
     SHARDOPT_CHECK(code == MPI_SUCCESS, comm, "RemoteOptimizer::step: sending to owner rank {} failed: {}", owner,
                    comm::mpi_error_string(code));
     exchange->sends.push_back(std::move(request));
