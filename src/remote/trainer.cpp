@@ -38,8 +38,9 @@ Exchange::~Exchange() {
 namespace {
 
 // comm::poll_until's schedule (a 200 us spin, then sleeps doubling from 20 us to 1 ms), except
-// that any progress (`progress()` grew) starts the spin again: a trainer's large pushes travel
-// only while it calls MPI (rendezvous), so it must not sleep while they are moving.
+// that any progress (`progress()` grew) starts the spin again, and the spin does not yield: a
+// trainer's large pushes travel only while it calls MPI (rendezvous), so it must not sleep
+// while they are moving.
 template <typename Done, typename Progress>
 bool poll_with_progress(const comm::Deadline& deadline, const Done& done, const Progress& progress) {
   using std::chrono::microseconds;
@@ -56,13 +57,14 @@ bool poll_with_progress(const comm::Deadline& deadline, const Done& done, const 
       sleep = microseconds{20};
     }
     if (std::chrono::duration<double>(comm::WatchdogClock::now() - quiet_since).count() < 200e-6) {
-      std::this_thread::yield();
-      continue;
+      continue;  // moving: test again at once (a yield on a busy machine can cost a time slice)
     }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, microseconds{1000});
   }
 }
+
+constexpr std::size_t kPushesInFlight = 64;
 
 }  // namespace
 
@@ -180,7 +182,26 @@ void Trainer::send(Context& context, std::unique_ptr<PendingSend> send,
   SHARDOPT_CHECK(code == MPI_SUCCESS, comm, "RemoteOptimizer: sending to owner rank {} failed: {}", owner,
                  comm::mpi_error_string(code));
   context.sends.push_back(std::move(send));
-  if (++context.pushes % 16 == 0) forget_completed(context);
+  ++context.pushes;
+  forget_completed(context);
+  // Flow control: at most kPushesInFlight of this context's pushes travel at once (thousands
+  // queued at an owner make MPI's matching crawl, and hold the trainer's memory in MPI's hands).
+  if (context.sends.size() >= kPushesInFlight) {
+    PendingSend& oldest = *context.sends.front();
+    const bool moved = poll_with_progress(
+        comm::Deadline(options_.timeout_seconds),
+        [&] {
+          int done = 0;
+          MPI_Test(&oldest.request, &done, MPI_STATUS_IGNORE);
+          return done != 0;
+        },
+        [] { return std::size_t{0}; });
+    SHARDOPT_CHECK(moved, timeout,
+                   "RemoteOptimizer: a push to owner rank {} did not leave within {} s (it died, or no longer serves: "
+                   "RemoteOptions.timeout_seconds)",
+                   oldest.dest, options_.timeout_seconds);
+    forget_completed(context);
+  }
 }
 
 void Trainer::push(RemoteContext context, const RemoteParam& param, const float* grad, int64_t numel) {
