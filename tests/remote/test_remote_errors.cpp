@@ -82,6 +82,7 @@ TEST_CASE("remote trainer calls with bad input: named errors, nothing applied", 
                 "was stepped already");
   comm->barrier();
   CHECK(bitwise_equal(pull_all(remote, "emb"), before));
+  comm->barrier();  // every rank has read it before any rank's next step changes it
 
   // A valid push and step after all that is applied.
   const RemoteContext third = remote.open_context();
