@@ -188,14 +188,21 @@ void Trainer::send(Context& context, std::unique_ptr<PendingSend> send,
   // queued at an owner make MPI's matching crawl, and hold the trainer's memory in MPI's hands).
   if (context.sends.size() >= kPushesInFlight) {
     PendingSend& oldest = *context.sends.front();
+    // Every pending send is tested: the trainer's MPI calls are what moves its large pushes, so
+    // it spins while any of them progresses.
+    std::size_t completed = 0;
     const bool moved = poll_with_progress(
         comm::Deadline(options_.timeout_seconds),
         [&] {
-          int done = 0;
-          MPI_Test(&oldest.request, &done, MPI_STATUS_IGNORE);
-          return done != 0;
+          completed = 0;
+          for (auto& pending : context.sends) {
+            int done = 0;
+            if (pending->request != MPI_REQUEST_NULL) MPI_Test(&pending->request, &done, MPI_STATUS_IGNORE);
+            completed += pending->request == MPI_REQUEST_NULL;
+          }
+          return oldest.request == MPI_REQUEST_NULL;
         },
-        [] { return std::size_t{0}; });
+        [&] { return completed; });
     SHARDOPT_CHECK(moved, timeout,
                    "RemoteOptimizer: a push to owner rank {} did not leave within {} s (it died, or no longer serves: "
                    "RemoteOptions.timeout_seconds)",
