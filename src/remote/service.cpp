@@ -53,7 +53,7 @@ void Service::run() {
     bool worked = false;
     try {
       worked = receive_one();
-    } catch (const Error&) {
+    } catch (...) {
       worked = true;  // a request that could not be received is dropped; its trainer times out
     }
     if (seconds_since(last_housekeeping) > kHousekeepingSeconds) {
@@ -226,8 +226,16 @@ void Service::apply_step(int source, const PendingStep& step) {
     ++stats_.contexts_failed;
     return;
   }
-  store_.apply(found != contexts_.end() ? &found->second : nullptr, step.touched.data(),
-               static_cast<int64_t>(step.touched.size()));
+  try {
+    store_.apply(found != contexts_.end() ? &found->second : nullptr, step.touched.data(),
+                 static_cast<int64_t>(step.touched.size()));
+  } catch (const Error& e) {  // e.g. an allocation for the update: the trainer hears it by name
+    if (found != contexts_.end()) contexts_.erase(found);
+    reply(source, h.request_id, static_cast<int>(e.code()), e.what());
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.contexts_failed;
+    return;
+  }
   if (found != contexts_.end()) contexts_.erase(found);
   reply(source, h.request_id, 0, "");
   std::lock_guard<std::mutex> lock(stats_mutex_);
