@@ -40,6 +40,12 @@ for np in 1 2; do
   mpirun -n "$np" --oversubscribe "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$source_dir/python/tests"
 done
 
+# The remote optimizer needs MPI_THREAD_MULTIPLE from the start: its own processes, not pytest's.
+for np in 1 2; do
+  echo "== remote optimizer from Python, $np rank(s)"
+  (cd "$work" && mpirun -n "$np" --oversubscribe "$venv/bin/python" "$source_dir/python/tests/remote_check.py")
+done
+
 # ---- torch's ZeRO tutorial with shardopt's drop-in (its own launches: outside mpirun) ----------
 # python/tests/zero_tutorial_check.py starts torchrun and mpirun itself, which must not be nested
 # in an mpirun'd process: it runs here, after the mpirun'd tests, from the plain shell.
