@@ -9,7 +9,8 @@
 Every combination either steps bitwise like the plain reference run of the same program
 (overlap off, stage 1, flat, node sharing off: the implementation dimensions at their first
 value, the semantic ones as the combination has them, same world size) or is refused by name
-on every rank by a constructor. A combination marked known failing below does neither today:
+on every rank: by a constructor, or (a combination a call makes, such as join() beside model
+averaging) by that call and the calls that meet it, never by a timeout. A combination marked known failing below does neither today:
 the test runs it and asserts it still fails the same way, so a fix shows up as a test failure
 that asks for the mark to go.
 """
@@ -60,34 +61,35 @@ def valid(assignment):
 # "phase:code" is where a run stopped and the error code it raised there, expected of the
 # reference run and the variant alike (a failure of the program's semantics); "variant@phase:code"
 # of the variant alone. The test prints the signature it saw for every failing combination.
-KNOWN_FAILING = [
-    ({"local_sgd": "replicas2", "join": "on"}, ["join:unsupported", "step3.reduce_gradients:unsupported"],
-     "Join under post-local SGD is refused where it is called, by name (Error(unsupported): Join does not combine "
-     "with model averaging): inside join() on the joined rank, and in the replica's next collective on its replica "
-     "peers; not at construction, since join() is a call, not a setting"),
-    ({"local_sgd": ["replicas1", "outer"], "join": "on"}, ["join:unsupported", "step4.step:timeout"],
-     "Join under post-local SGD over one-rank replicas: refused by name inside join() on the joined rank, but no "
-     "collective carries that to the other replicas, whose next averaging over the world waits for it and ends as "
-     "Error(timeout) after timeout_seconds"),
-]
+KNOWN_FAILING = []
 
 
-# Refused at construction, on every rank, by design: (condition, a fragment of the error, why).
-# The test requires exactly these to be refused (and every other combination to run bitwise),
-# and the selection covers their other pairs again in combinations that run.
+# Refused on every rank by name, by design: (condition, a fragment of the error, why, where).
+# where "construction": by a constructor (the optimizer's or the averager's), every rank the same
+# error. where "call": by the call that cannot be combined (join() is a call, not a setting),
+# on every rank of the reference run and the variant alike, each with the same error code and a
+# message holding the fragment, none by timeout. The test requires exactly these to be refused
+# (and every other combination to run bitwise), and the selection covers their other pairs
+# again in combinations that run.
 REFUSED = [
     ({"np": "4", "overlap": ["after_backward", "per_bucket"], "local_sgd": "replicas2"},
      "averages gradients across 2 replicas on the caller's thread",
      "post-local SGD's warmup all-reduces gradients across replicas on the caller's thread while the overlap's "
      "communication thread reduces the same buffers (two threads in MPI under MPI_THREAD_SERIALIZED): "
-     "PostLocalSGDOptimizer refuses an overlapped optimizer unless warmup_steps is 0"),
+     "PostLocalSGDOptimizer refuses an overlapped optimizer unless warmup_steps is 0", "construction"),
+    ({"local_sgd": ["replicas1", "replicas2", "outer"], "join": "on"},
+     "Join does not combine with model averaging (rank",
+     "Join under post-local SGD: join() is refused where it is called (Error(unsupported) naming the rank that "
+     "called it), and the refusal travels into the next agreement of the replica and of each averaging group, so "
+     "every rank of the world raises it by name at its next call that meets that rank, none by timeout "
+     "(the replicas' averaging has no way to shadow a rank out of inputs)", "call"),
 ]
 
 
 def refusal(row):
-    for condition, fragment, reason in REFUSED:
+    for condition, fragment, reason, where in REFUSED:
         if matches(condition, row):
-            return fragment, reason
+            return fragment, reason, where
     return None
 
 
@@ -117,7 +119,7 @@ def all_pairs():
     other pairs are covered again by runs that do."""
     names = [d for d, _ in DIMENSIONS]
     values = dict(DIMENSIONS)
-    rules = [condition for condition, _, _ in KNOWN_FAILING + REFUSED]
+    rules = [condition for condition, *_ in KNOWN_FAILING + REFUSED]
 
     def assignment(row):
         return {names[k]: x for k, x in row.items()}
@@ -157,8 +159,11 @@ def all_pairs():
             if not row_fails or failing(dict(pair)):
                 uncovered.discard(pair)
         rows.append({names[d]: row[d] for d in range(len(names))})
-    # One run per designed refusal, so the test sees each refused as it should be.
-    for condition, _, _ in REFUSED:
+    # One run per designed refusal the pairs did not already bring, so the test sees each
+    # refused as it should be.
+    for condition, *_ in REFUSED:
+        if any(matches(condition, r) for r in rows):
+            continue
         row = {n: (condition[n] if isinstance(condition.get(n), str) else
                    condition[n][0] if n in condition else values[n][0]) for n in names}
         rows.append(row)
@@ -179,7 +184,8 @@ def combinations_text():
     lines = ["# tests/matrix/combinations.txt — written by tools/feature_matrix.py (do not edit): "
              f"{len(rows)} combinations covering every valid pair of the dimensions' values.",
              "# expect=ok: bitwise the reference run; expect=refused:<fragment>: refused by a constructor on every",
-             "# rank with an error containing the fragment (spaces as '_');",
+             "# rank with an error containing the fragment (spaces as '_'); expect=refused_at_call:<fragment>: every",
+             "# rank of both runs raised the same error code (not a timeout), each message containing the fragment;",
              "# expect=known_failing:<signature>: fails that way today (the reason follows the '#')."]
     for i, row in enumerate(rows):
         fields = " ".join(f"{n}={row[n]}" for n in names)
@@ -188,7 +194,8 @@ def combinations_text():
         if mark is not None:
             expect, why = "known_failing:" + mark[0], mark[1]
         elif refused is not None:
-            expect, why = "refused:" + refused[0].replace(" ", "_"), refused[1]
+            kind = "refused:" if refused[2] == "construction" else "refused_at_call:"
+            expect, why = kind + refused[0].replace(" ", "_"), refused[1]
         else:
             expect, why = "ok", None
         line = f"c{i + 1:02d} {fields} expect={expect}"
@@ -245,7 +252,9 @@ def table_text(outcome_paths):
     out += ["", "Each combination must either give parameters bitwise equal to the plain reference run of",
             "the same program (overlap off, stage 1, flat, node sharing off; the same dtype, local SGD,",
             "Join, mid-run operation and LR change; the same world size) on every rank, or be refused by",
-            "a constructor (the optimizer's or the averager's) on every rank with the same named error.",
+            "name on every rank: by a constructor (the optimizer's or the averager's), every rank the same",
+            "error, or, for a combination that a call makes (join()), by that call and the calls that meet",
+            "it, every rank of both runs the same error code (never a timeout) naming the refusal.",
             "A known-failing combination does neither today; the test asserts it still fails the same way.",
             "", "## Summary", "", "| np | combinations | " + " | ".join(kinds) + " |",
             "|---|---|" + "---|" * len(kinds)]
@@ -269,10 +278,10 @@ def table_text(outcome_paths):
         return " ".join(f"{n}={fields[n]}" for n in names if fields[n] != defaults[n]) or "(the reference)"
 
     for title, kind, note in [
-            ("Refused at construction", "refused",
-             "Each refused combination, the error every rank raised, and the pairs of its values that no passing combination holds (the cause is among them; a refused run also leaves its other pairs unchecked)."),
+            ("Refused", "refused",
+             "Each refused combination, the error every rank raised (refused at a call: every rank's phase and code, and the first message), and the pairs of its values that no passing combination holds (the cause is among them; a refused run also leaves its other pairs unchecked)."),
             ("Known failing", "known_failing",
-             "Neither bitwise nor refused at construction today: what happened, and the pairs no passing combination holds.")]:
+             "Neither bitwise nor refused by name on every rank today: what happened, and the pairs no passing combination holds.")]:
         rows = [(cid, f) for cid, f in combos if outcomes[cid]["outcome"] == kind]
         out += ["", f"## {title}", "", note, ""]
         if not rows:

@@ -93,6 +93,15 @@ struct CommunicationCounts {
 // optimizer's communicator groups L ranks of `world`, every rank of `world` is in exactly one
 // such group, all of size L, and their optimizers were registered alike (same params, dtype,
 // partition, storage); mismatches raise Error(mismatch) on every rank. CPU parameters only.
+//
+// Join (uneven inputs) does not combine with averaging: while an averager wraps the optimizer,
+// its join()/join_step() raise Error(unsupported) "Join does not combine with model averaging
+// (rank R called join())" (R: the rank in `world`), and so does every other rank of `world`, in
+// its next call that meets a rank that knows (a replica peer's next optimizer call; the other
+// replicas' next warmup gradient averaging or average_parameters()), never as a timeout and with
+// no parameter changed: the ranks that raise it carry it into the next agreement of their
+// replica and averaging groups before they raise (docs/local_sgd.md). The replicas must reach
+// that averaging within CommOptions::timeout_seconds, as for any averaging.
 class SHARDOPT_API ModelAverager {
  public:
   ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer& optimizer, AveragerConfig config);

@@ -1,4 +1,4 @@
-// shardopt/communicator.hpp — the collective interface every backend implements, and its factories.
+// shardopt/communicator.hpp — the Communicator users and the library hold (rank, size, collectives, split), and the MPI factories.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +18,12 @@ class SHARDOPT_API PendingCollective {
   virtual ~PendingCollective() = default;
   virtual void wait() = 0;
 };
+
+class CommBackend;  // shardopt/comm_backend.hpp: what a transport implements
+class Communicator;
+// The transport under `comm`, for transports that wrap one (shardopt/comm_backend.hpp); users
+// call `comm` itself.
+SHARDOPT_API std::shared_ptr<CommBackend> backend_of(const Communicator& comm);
 
 // One broadcast of a group (Communicator::broadcast_group_async): `count` elements at `buffer`
 // from rank `root`.
@@ -57,8 +63,15 @@ struct CommOptions {
   int ranks_per_node = 0;
 };
 
-// Collectives over one group of ranks. Counts are elements of `dtype`; buffers live on
-// `device()`. All ranks of the group must call the same collectives in the same order.
+// Collectives over one group of ranks: what the library and its users hold and call. Counts
+// are elements of `dtype`; buffers live on `device()`. All ranks of the group must call the
+// same collectives in the same order.
+//
+// A Communicator is a handle over a transport (shardopt/comm_backend.hpp): mpi_world(),
+// mpi_borrow(), nccl_world() and python's torch_communicator() make one over theirs; a new
+// transport implements CommBackend and is wrapped as
+// `std::make_shared<Communicator>(std::make_shared<MyBackend>(...))`. The calls here are not
+// virtual: a user never overrides a collective, and a new transport changes nothing users call.
 //
 // broadcast and all_gather move any dtype bit for bit, DType::byte included (records of any
 // size). Reductions (all_reduce, reduce_scatter, reduce) take f32, bf16 and f16 with sum, avg
@@ -76,61 +89,62 @@ struct CommOptions {
 // integers). With 3 or more ranks and inexact sums, MPI's algorithms (which differ between
 // collectives, world sizes and message sizes) may associate the additions differently, so the
 // results may differ in rounding. Over NCCL, avg is ncclAvg and sums follow NCCL's own order.
-class SHARDOPT_API Communicator {
+class SHARDOPT_API Communicator final {
  public:
-  virtual ~Communicator() = default;
+  // Error(invalid_argument) when `backend` is null.
+  explicit Communicator(std::shared_ptr<CommBackend> backend);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
 
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  virtual Device device() const = 0;
-  virtual const char* backend_name() const = 0;  // for messages and logs only
+  int rank() const;
+  int size() const;
+  Device device() const;
+  const char* backend_name() const;  // for messages and logs only
   // Whether collectives accept buffers in CUDA device memory (NCCL; a CUDA-aware MPI).
-  virtual bool cuda_aware() const { return false; }
+  bool cuda_aware() const;
   // The cudaStream_t (as void*) on which this communicator runs its collectives, ordered with
   // other work on that stream (NCCL); null when collectives run on the host's timeline.
-  virtual void* cuda_stream() const { return nullptr; }
+  void* cuda_stream() const;
 
-  virtual void broadcast(void* buffer, int64_t count, DType dtype, int root) = 0;
+  void broadcast(void* buffer, int64_t count, DType dtype, int root);
   // Rank r's `count` elements land at recv + r*count. In place when send == recv + rank*count.
-  virtual void all_gather(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  void all_gather(const void* send, void* recv, int64_t count, DType dtype);
   // `send` holds size()*count elements; this rank receives the reduced block rank()*count.
-  virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
-                              ReduceOp op) = 0;
-  virtual void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) = 0;
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op);
+  void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op);
   // Reduces every rank's `count` elements of `send` into `recv` on `root` (recv is ignored on
   // other ranks). In place on the root when send == recv.
-  virtual void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
-                      int root) = 0;
-  virtual void barrier() = 0;
+  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, int root);
+  void barrier();
 
-  virtual std::unique_ptr<PendingCollective> broadcast_async(void* buffer, int64_t count,
-                                                             DType dtype, int root) = 0;
+  // The nonblocking forms: each returns once the collective is started; its buffers must stay
+  // untouched until wait() returns.
+  std::unique_ptr<PendingCollective> broadcast_async(void* buffer, int64_t count, DType dtype, int root);
   // `count` broadcasts (each as broadcast_async), issued as one group: a backend that can
   // launches them together (NCCL: ncclGroupStart/End, so the per-root pieces of one exchange run
-  // concurrently and complete as one); this default starts them one by one. One wait() finishes
-  // them all. Every rank passes the same parts in the same order.
-  virtual std::unique_ptr<PendingCollective> broadcast_group_async(const BroadcastPart* parts,
-                                                                   std::size_t count, DType dtype);
-  virtual std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv,
-                                                              int64_t count, DType dtype) = 0;
-  virtual std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count,
-                                                              DType dtype, ReduceOp op) = 0;
-  // As reduce_scatter; the buffers must stay untouched until wait() returns.
-  virtual std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv,
-                                                                  int64_t count, DType dtype,
-                                                                  ReduceOp op) = 0;
-  // As reduce; the buffers must stay untouched until wait() returns.
-  virtual std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv,
-                                                          int64_t count, DType dtype, ReduceOp op,
-                                                          int root) = 0;
+  // concurrently and complete as one); others start them one by one. One wait() finishes them
+  // all. Every rank passes the same parts in the same order.
+  std::unique_ptr<PendingCollective> broadcast_group_async(const BroadcastPart* parts, std::size_t count,
+                                                           DType dtype);
+  std::unique_ptr<PendingCollective> all_gather_async(const void* send, void* recv, int64_t count, DType dtype);
+  std::unique_ptr<PendingCollective> all_reduce_async(void* buffer, int64_t count, DType dtype, ReduceOp op);
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const void* send, void* recv, int64_t count,
+                                                          DType dtype, ReduceOp op);
+  std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv, int64_t count, DType dtype,
+                                                  ReduceOp op, int root);
 
   // Ranks passing the same color form a new group, ordered by key (ties by old rank); a rank
   // passing a negative color joins no group and gets null. Collective over this group.
-  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+  std::shared_ptr<Communicator> split(int color, int key);
   // Node locality. Collective over this group: the ranks of it on this rank's node (see
   // CommOptions.ranks_per_node), ordered as here, all of which can map the same host memory;
   // null on every rank when this backend cannot share host memory between its ranks (NCCL).
-  virtual std::shared_ptr<Communicator> split_node() { return nullptr; }
+  std::shared_ptr<Communicator> split_node();
+
+ private:
+  friend std::shared_ptr<CommBackend> backend_of(const Communicator& comm);  // comm_backend.hpp
+  std::shared_ptr<CommBackend> backend_;
 };
 
 // MPI backend over host memory. The first form initialises MPI if nobody has. MPI can be

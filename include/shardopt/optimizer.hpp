@@ -1,6 +1,7 @@
 // shardopt/optimizer.hpp — ZeroOptimizer: registered params, param groups, the sharded step.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,7 +15,9 @@
 
 namespace shardopt {
 
-enum class Algorithm : int32_t { sgd = 0, adam = 1, adamw = 2 };
+// muon: torch.optim.Muon (torch 2.9+), for 2-D parameters; each matrix is updated whole by one
+// rank (see ParamSpec::shape and OptimizerConfig::muon).
+enum class Algorithm : int32_t { sgd = 0, adam = 1, adamw = 2, muon = 3 };
 enum class PartitionStrategy : int32_t { flat = 0, sorted_greedy = 1 };
 enum class Storage : int32_t {
   bucket_view = 0,  // shardopt owns flat param/grad buffers and hands out views (zero-copy sync)
@@ -35,6 +38,20 @@ enum class OverlapPolicy : int32_t {
 };
 
 SHARDOPT_API const char* algorithm_name(Algorithm algorithm);
+
+// Muon's adjust_lr_fn: none and original scale lr by sqrt(max(1, rows/cols)); match_rms_adamw
+// by 0.2 * sqrt(max(rows, cols)); spectral_unclamped by sqrt(rows/cols) (torch.optim.Muon's
+// _adjust_lr).
+enum class MuonLrAdjust : int32_t { none = 0, original = 1, match_rms_adamw = 2, spectral_unclamped = 3 };
+SHARDOPT_API const char* muon_lr_adjust_name(MuonLrAdjust adjust);
+// The arithmetic of Muon's Newton-Schulz products (OptimizerConfig::muon.precision).
+//  bf16: as torch.optim.Muon, whose orthogonalisation runs on a bfloat16 copy: every operand
+//        and every product's result is rounded to bf16 (nearest even); each product is an fp32
+//        GEMM of those bf16 values (fp32 accumulation), its epilogue (beta*C + alpha*AB) in
+//        fp32, then rounded once to bf16. The normalisation divides by the Frobenius norm
+//        (accumulated in fp32, rounded to bf16, floored at eps), each quotient rounded to bf16.
+//  f32:  the same steps in fp32, nothing rounded to bf16.
+enum class MatrixPrecision : int32_t { bf16 = 0, f32 = 1 };
 SHARDOPT_API const char* overlap_policy_name(OverlapPolicy policy);
 SHARDOPT_API const char* partition_name(PartitionStrategy partition);
 
@@ -53,10 +70,15 @@ struct Hyperparams {
   bool nesterov = false;
   bool maximize = false;
   bool amsgrad = false;
+  // Muon (torch.optim.Muon's names; Muon also reads lr, weight_decay (decoupled), momentum,
+  // nesterov and eps, the Newton-Schulz normaliser's floor).
+  std::array<double, 3> ns_coefficients{3.4445, -4.775, 2.0315};
+  int32_t ns_steps = 5;
+  MuonLrAdjust adjust_lr_fn = MuonLrAdjust::none;
 };
 
 // torch.optim's constructor defaults for `algorithm` (SGD and Adam: Hyperparams{}; AdamW:
-// weight_decay 1e-2).
+// weight_decay 1e-2; Muon: weight_decay 0.1, momentum 0.95, nesterov, eps 1e-7).
 SHARDOPT_API Hyperparams default_hyperparams(Algorithm algorithm);
 
 // The hyperparameters a param group sets itself, as the keys of one of torch's param-group
@@ -65,6 +87,10 @@ SHARDOPT_API Hyperparams default_hyperparams(Algorithm algorithm);
 struct GroupHyperparams {
   std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum, dampening;
   std::optional<bool> nesterov, maximize, amsgrad;
+
+  std::optional<std::array<double, 3>> ns_coefficients;
+  std::optional<int32_t> ns_steps;
+  std::optional<MuonLrAdjust> adjust_lr_fn;
 
   GroupHyperparams() = default;
   GroupHyperparams(const Hyperparams& all);  // NOLINT(google-explicit-constructor): every field set
@@ -85,7 +111,17 @@ struct LossScaling {
   double min_scale = 1.0;
 };
 
+// Muon's orthogonalisation, for every Muon group of an optimizer.
+struct MuonSettings {
+  MatrixPrecision precision = MatrixPrecision::bf16;
+  // Threads of each BLAS product on the CPU (OpenBLAS). Fixed here, not taken from the
+  // machine, so the bits never depend on the thread count a process happens to get; every rank
+  // must use the same value (it is agreed like the rest of the config).
+  int blas_threads = 1;
+};
+
 struct OptimizerConfig {
+  // Every group's algorithm unless the group names its own (GroupSettings::algorithm).
   Algorithm algorithm = Algorithm::adam;
   PartitionStrategy partition = PartitionStrategy::flat;
   Storage storage = Storage::bucket_view;
@@ -93,7 +129,7 @@ struct OptimizerConfig {
   // unsharded data-parallel baseline); no parameter sync is needed.
   bool shard_state = true;
   // Largest single collective issued by reduce_gradients() and the parameter sync. 4 MiB by
-  // measurement (bench/README.md): over Open MPI's shared-memory path, averaging the tutorial
+  // measurement (bench/MEASURED.md): over Open MPI's shared-memory path, averaging the tutorial
   // model's 320 MB of gradients at 2 ranks took 187 ms in 4 MiB buckets, 185 ms in 1 MiB and
   // 432 ms in 64 MiB ones. A bucket holds at least 16 elements; a bucket_bytes that would cut
   // the parameters (all of them, trainable or not) into more than 2^24 buckets is refused at
@@ -166,8 +202,9 @@ struct OptimizerConfig {
   // computing meanwhile).
   OverlapPolicy overlap = OverlapPolicy::off;
   // The optimizer-level hyperparameters (torch's `defaults`): what a group's unset fields take,
-  // at construction and in add_param_group. Unset: default_hyperparams(algorithm).
+  // at construction and in add_param_group. Unset: default_hyperparams(the group's algorithm).
   std::optional<Hyperparams> defaults;
+  MuonSettings muon;
 };
 // Every field of OptimizerConfig must be the same on every rank except cpu_threads (a local
 // tuning that never changes results); the constructor checks, raising Error(mismatch) on every
@@ -186,11 +223,22 @@ struct ParamSpec {
   // external: the caller's gradient buffer (same numel/dtype/device as param).
   // bucket_view: leave data null; shardopt owns the gradient (see grad_view).
   TensorRef grad;
+  // The parameter's shape, row-major; empty: 1-D of param.numel elements. Muon needs it (its
+  // groups take 2-D parameters only, whose product must be numel); the other algorithms
+  // ignore it beyond that check. Must agree across ranks.
+  std::vector<int64_t> shape{};
+};
+
+// What a param group fixes for its whole life, set at construction or add_param_group (the
+// same on every rank, Error(mismatch) otherwise) and recorded in checkpoints and state dicts.
+struct GroupSettings {
+  std::optional<Algorithm> algorithm;  // fixed for the group's life; unset: OptimizerConfig's value
 };
 
 struct ParamGroupSpec {
   std::vector<ParamSpec> params;
   GroupHyperparams hyper;  // unset fields: the optimizer's defaults
+  GroupSettings settings{};
 };
 
 using ParamId = int32_t;  // registration order across all groups, as torch's global index
@@ -268,6 +316,10 @@ class SHARDOPT_API ZeroOptimizer {
   const Hyperparams& hyperparams(int group) const;
   // The optimizer-level defaults (torch's `defaults`).
   const Hyperparams& defaults() const;
+  // A group's algorithm (GroupSettings::algorithm, or config.algorithm), fixed for its life.
+  Algorithm group_algorithm(int group) const;
+  // A parameter's shape as registered (empty: 1-D).
+  const std::vector<int64_t>& param_shape(ParamId id) const;
   ParamId find_param(const std::string& name) const;  // Error(invalid_argument) if absent
   const std::string& param_name(ParamId id) const;
   int param_group(ParamId id) const;
@@ -361,7 +413,9 @@ class SHARDOPT_API ZeroOptimizer {
   // record, so joining costs no collective of its own; at stage 2 with bucket view each round
   // opens with one small agreement (at its first reduce_gradient) so that a joined rank can
   // take part before any bucket is reduced. Returns once every rank is in join(); afterwards
-  // every rank holds the same parameters. Call it with no stage-2 round open.
+  // every rank holds the same parameters. Call it with no stage-2 round open. Refused while a
+  // ModelAverager or PostLocalSGDOptimizer wraps this optimizer: Error(unsupported) on every
+  // rank of the averaging's world (shardopt/averaging.hpp says where each rank raises it).
   void join();
   // One part of join(): follows the active ranks' calls up to and including one step (true), or
   // returns false once every rank is in join_step()/join(). For trainers whose own join loop

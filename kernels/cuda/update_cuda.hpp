@@ -50,7 +50,7 @@ void widen_cuda(const void* src, DType dtype, float* dst, int64_t n, void* strea
 void narrow_cuda(const float* src, void* dst, DType dtype, int64_t n, void* stream,
                  LaunchCache* cache = nullptr);
 // x[i] = narrow(widen(x[i]) / divisor), nearest-even (f32: x[i] / divisor, IEEE-rounded):
-// bitwise divide_cpu, and so the average MpiCommunicator computes on the host for
+// bitwise divide_cpu, and so the average the MPI backend computes on the host for
 // ReduceOp::avg, for the all-reduces that sum on device buffers.
 void divide_cuda(void* x, DType dtype, int64_t n, float divisor, void* stream,
                  LaunchCache* cache = nullptr);

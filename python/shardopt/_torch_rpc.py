@@ -97,7 +97,7 @@ class _OwnerOptimizer:
     def __init__(self, optimizer_class, params_rref, *args, **kwargs):
         self._lock = threading.Lock()
         self.params = [rref.local_value() for rref in params_rref]
-        algorithm = algorithm_for(optimizer_class)
+        algorithm = _supported(optimizer_class)
         defaults = dict(kwargs)
         if args:  # torch's optimizers take lr (then their own order) positionally
             defaults.update(zip(_positional_names(optimizer_class), args))
@@ -133,6 +133,13 @@ class _OwnerOptimizer:
             self._opt.step(without_grad=without)
 
 
+def _supported(optimizer_class):
+    algorithm = algorithm_for(optimizer_class)
+    if algorithm.name not in ("sgd", "adam", "adamw"):
+        raise ValueError(f"shardopt.torch.DistributedOptimizer runs SGD, Adam and AdamW; not {algorithm.name}")
+    return algorithm
+
+
 def _positional_names(optimizer_class):
     import inspect
 
@@ -148,7 +155,7 @@ class DistributedOptimizer:
     """torch.distributed.optim.DistributedOptimizer's interface, shardopt's update on the owners."""
 
     def __init__(self, optimizer_class, params_rref, *args, **kwargs):
-        algorithm_for(optimizer_class)  # refuses an unsupported class here, before any RPC
+        _supported(optimizer_class)  # refuses an unsupported class here, before any RPC
         per_worker = {}
         for rref in params_rref:
             per_worker.setdefault(rref.owner(), []).append(rref)

@@ -27,7 +27,7 @@
 #include <string>
 #include <utility>
 
-#include "comm/comm_thread.hpp"
+#include "shardopt/comm_backend.hpp"
 #include "shardopt/dlpack.h"
 #include "shardopt/shardopt.hpp"
 
@@ -229,9 +229,11 @@ nb::object buffer_array(const void* data, int64_t count, DType dtype, shardopt::
 // collective needs the GIL and the Python transport (torch.distributed) would be driven from a
 // second thread beside the trainer's own calls. A clear Error(unsupported) at construction, on
 // every rank alike, instead of a deadlock or a reordering at the first overlapped round.
-class PythonCommunicator final : public Communicator, public shardopt::comm::SerializedCallsCheck {
+std::shared_ptr<shardopt::CommBackend> python_backend(nb::object impl);
+
+class PythonBackend final : public shardopt::CommBackend {
  public:
-  explicit PythonCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  explicit PythonBackend(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
   void require_serialized_calls() const override {
     throw Error(ErrorCode::unsupported,
@@ -249,21 +251,7 @@ class PythonCommunicator final : public Communicator, public shardopt::comm::Ser
   const char* backend_name() const override { return state_->backend().c_str(); }
   bool cuda_aware() const override { return state_->cuda_aware(); }
 
-  void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
-    broadcast_async(buffer, count, dtype, root)->wait();
-  }
-  void all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
-    all_gather_async(send, recv, count, dtype)->wait();
-  }
-  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
-    reduce_scatter_async(send, recv, count, dtype, op)->wait();
-  }
-  void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) override {
-    all_reduce_async(buffer, count, dtype, op)->wait();
-  }
-  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, int root) override {
-    reduce_async(send, recv, count, dtype, op, root)->wait();
-  }
+  // The blocking collectives are CommBackend's defaults: start, then wait.
   void barrier() override {
     PythonPending(state_, "barrier", state_->call_python("barrier", [&] { return state_->impl().attr("barrier")(); }))
         .wait();
@@ -312,17 +300,17 @@ class PythonCommunicator final : public Communicator, public shardopt::comm::Ser
     });
   }
 
-  std::shared_ptr<Communicator> split(int color, int key) override {
-    std::shared_ptr<Communicator> child;
+  std::shared_ptr<shardopt::CommBackend> split(int color, int key) override {
+    std::shared_ptr<shardopt::CommBackend> child;
     state_->call_python("split", [&] {
       nb::object impl = state_->impl().attr("split")(color, key);
-      if (!impl.is_none()) child = python_communicator(impl);
+      if (!impl.is_none()) child = python_backend(impl);
       return nb::none();
     });
     return child;
   }
   // No shared host memory between the ranks of a Python communicator: null, as NCCL's is.
-  std::shared_ptr<Communicator> split_node() override { return nullptr; }
+  std::shared_ptr<shardopt::CommBackend> split_node() override { return nullptr; }
 
  private:
   nb::object array(const void* data, int64_t count, DType dtype) const {
@@ -360,9 +348,7 @@ class PythonCommunicator final : public Communicator, public shardopt::comm::Ser
   std::shared_ptr<State> state_;
 };
 
-}  // namespace
-
-std::shared_ptr<Communicator> python_communicator(nb::object impl) {
+std::shared_ptr<shardopt::CommBackend> python_backend(nb::object impl) {
   const int rank = nb::cast<int>(impl.attr("rank")());
   const int size = nb::cast<int>(impl.attr("size")());
   const bool cuda_aware = nb::hasattr(impl, "cuda_aware") && nb::cast<bool>(impl.attr("cuda_aware")());
@@ -371,8 +357,14 @@ std::shared_ptr<Communicator> python_communicator(nb::object impl) {
     throw Error(ErrorCode::invalid_argument, "communicator: rank " + std::to_string(rank) + " of " +
                                                  std::to_string(size) + " is not a rank of the group");
   }
-  return std::make_shared<PythonCommunicator>(
+  return std::make_shared<PythonBackend>(
       std::make_shared<State>(std::move(impl), rank, size, cuda_aware, std::move(backend)));
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> python_communicator(nb::object impl) {
+  return std::make_shared<Communicator>(python_backend(std::move(impl)));
 }
 
 }  // namespace shardopt_python

@@ -1,4 +1,6 @@
 // src/averaging/model_averager.cpp — ModelAverager: the construction's agreement and checks, and average_parameters() (plain average or outer step).
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "averaging/averaging_schedule.hpp"
@@ -41,6 +43,45 @@ void add_config_fields(const AveragerConfig& config, AgreementRecord& record) {
   record.field("outer optimizer", config.outer.enabled ? fmt::format("lr {} momentum {} nesterov {}", config.outer.lr,
                                                                      config.outer.momentum, config.outer.nesterov)
                                                        : "off");
+}
+
+// One agreement over the level's whole group, built of three over its parts: the replica, the
+// partners of this shard (one rank of each replica of the group), the replica again. A failure
+// on any rank of the group (a mismatch, a Join refusal carried in) so reaches every rank of it,
+// never leaving a replica's ranks in the sync below waiting for a partner that raised. A Join
+// refusal goes on to the other averaging groups before it is raised.
+void agree_over_level_group(ModelAverager::Impl& im, AgreementRecord& record, Communicator& peers) {
+  optim::AveragingPort& port = im.port;
+  std::optional<Error> failure;
+  try {
+    comm::agree(port.replica(), record);
+  } catch (const Error& e) {
+    failure = e;
+  }
+  const bool replica_raised = failure.has_value();
+  record.field("shard elements", fmt::format("{}", port.own_shard().numel));
+  if (peers.size() > 1) {
+    if (failure) record.fail(*failure);
+    try {
+      comm::agree(peers, record);
+    } catch (const Error& e) {
+      if (!failure) failure = e;
+    }
+    // Every rank of the replica raised together above, or none did and each now tells the others
+    // what its partners said.
+    if (!replica_raised && port.replica_size() > 1) {
+      AgreementRecord partners(record.operation());
+      if (failure) partners.fail(*failure);
+      try {
+        comm::agree(port.replica(), partners);
+      } catch (const Error& e) {
+        if (!failure) failure = e;
+      }
+    }
+  }
+  if (!failure) return;
+  im.relay_join_refusal(*failure, {&port.replica(), &peers});
+  throw *failure;
 }
 
 }  // namespace
@@ -105,7 +146,12 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
     im.take_anchor();
     im.outer.provisional = true;
   }
-  port.attach();
+  // A Join refusal raised out of the optimizer's agreements (all of them on the replica) goes on
+  // to the averaging groups (join_refusal_relay.cpp).
+  Impl* relaying = &im;
+  port.attach(world->rank(), [relaying](const Error& e) {
+    relaying->relay_join_refusal(e, {&relaying->port.replica()});
+  });
 }
 
 ModelAverager::~ModelAverager() { impl_->port.detach(); }
@@ -131,9 +177,7 @@ void ModelAverager::average_parameters() {
       record.field("outer optimizer", outer_restart ? std::string("restarting (parameters replaced since its anchor)")
                                                     : fmt::format("{} steps taken", im.outer.steps));
     }
-    comm::agree(port.replica(), record);
-    record.field("shard elements", fmt::format("{}", port.own_shard().numel));
-    if (peers.size() > 1) comm::agree(peers, record);
+    agree_over_level_group(im, record, peers);
 
     const std::vector<optim::ValueSpan> values = port.shard_values();
     std::vector<averaging::HostSpan> spans;

@@ -51,6 +51,17 @@ struct ModelAverager::Impl {
   // values replaced) is retaken from the parameters as they are now. No-op without an outer
   // optimizer.
   void retake_stale_anchor();
+
+  // Join beside averaging (join_refusal_relay.cpp). PostLocalSGDOptimizer averages warmup's
+  // gradients over world_peers at the start of every warmup round.
+  bool warmup_gradients_cross = false;
+  bool join_refusal_relayed = false;  // once per averager: a rank raises the refusal once
+  // A Join refusal (optim::is_join_refusal; other errors are ignored) this rank is about to
+  // raise: joins the next agreement of each averaging communicator except those in `covered`
+  // (whose every rank raised it already), carrying the error, so that the ranks there raise it
+  // too instead of waiting for this one. The replica first, then the averaging groups in the
+  // order the schedule meets them (warmup's gradients, then the levels from this step on).
+  void relay_join_refusal(const Error& e, const std::vector<const Communicator*>& covered);
 };
 
 }  // namespace shardopt

@@ -15,7 +15,9 @@ namespace shardopt {
 
 struct PostLocalSGDOptimizer::Impl {
   Impl(std::shared_ptr<Communicator> world, ZeroOptimizer& opt, AveragerConfig config)
-      : optimizer(opt), averager(std::move(world), opt, std::move(config)) {}
+      : optimizer(opt), averager(std::move(world), opt, std::move(config)) {
+    avg().warmup_gradients_cross = true;
+  }
 
   ZeroOptimizer& optimizer;
   ModelAverager averager;
@@ -36,6 +38,16 @@ struct PostLocalSGDOptimizer::Impl {
   // The replica's own reduction hands every trainable gradient once when it has several ranks.
   void count_replica_reduction() {
     if (port().replica_size() > 1) avg().counts.gradient_bytes += port().trainable_numel() * element_bytes();
+  }
+  // Warmup's agreement across the replicas; a Join refusal carried into it goes on to the
+  // replica and the other averaging groups before it is raised (join_refusal_relay.cpp).
+  void agree_across_replicas(Communicator& peers, const comm::AgreementRecord& record) {
+    try {
+      comm::agree(peers, record);
+    } catch (const Error& e) {
+      avg().relay_join_refusal(e, {&peers});
+      throw;
+    }
   }
 };
 
@@ -99,7 +111,7 @@ void PostLocalSGDOptimizer::reduce_gradients() {
     record.field("gradients averaged across the replicas (names and sizes, in order)",
                  fmt::format("{} parameters, {} elements of {}, hash {:#018x}", spans.size(), elements,
                              dtype_name(port.dtype()), handed));
-    comm::agree(*peers, record);
+    im.agree_across_replicas(*peers, record);
     im.avg().counts.gradient_bytes +=
         averaging::all_reduce_spans(*peers, spans, port.dtype(), im.bucket_elements(), ReduceOp::avg);
   }
@@ -132,7 +144,7 @@ void PostLocalSGDOptimizer::reduce_gradient(ParamId id, const TensorRef& grad) {
     handed = fmt::format("'{}' ({} {} elements)", p.name, p.numel, dtype_name(p.dtype));
   });
   record.field("parameter", handed);
-  comm::agree(*peers, record);
+  im.agree_across_replicas(*peers, record);
   // The caller's gradient is read-only: average a copy across the replicas, then hand that.
   std::vector<char>& copy = im.hand_copy;
   copy.resize(grad.nbytes());

@@ -2,6 +2,7 @@
 #include "comm/comm_thread.hpp"
 
 #include "core/check.hpp"
+#include "shardopt/comm_backend.hpp"
 
 namespace shardopt {
 namespace comm {
@@ -83,9 +84,7 @@ void CommThread::loop() {
   }
 }
 
-void require_serialized_calls(const Communicator& comm) {
-  if (const auto* check = dynamic_cast<const SerializedCallsCheck*>(&comm)) check->require_serialized_calls();
-}
+void require_serialized_calls(const Communicator& comm) { backend_of(comm)->require_serialized_calls(); }
 
 namespace {
 
@@ -112,9 +111,9 @@ class TicketPending final : public PendingCollective {
   std::shared_ptr<Ticket> ticket_;
 };
 
-class SerialCommunicator final : public Communicator {
+class SerialBackend final : public CommBackend {
  public:
-  SerialCommunicator(std::shared_ptr<Communicator> inner, std::shared_ptr<CommThread> thread)
+  SerialBackend(std::shared_ptr<Communicator> inner, std::shared_ptr<CommThread> thread)
       : inner_(std::move(inner)), thread_(std::move(thread)) {}
 
   int rank() const override { return inner_->rank(); }
@@ -123,6 +122,8 @@ class SerialCommunicator final : public Communicator {
   const char* backend_name() const override { return inner_->backend_name(); }
   bool cuda_aware() const override { return inner_->cuda_aware(); }
   void* cuda_stream() const override { return inner_->cuda_stream(); }
+  // Its calls run on the communication thread: the inner transport must allow that.
+  void require_serialized_calls() const override { comm::require_serialized_calls(*inner_); }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     thread_->run([=] { inner_->broadcast(buffer, count, dtype, root); });
@@ -165,15 +166,15 @@ class SerialCommunicator final : public Communicator {
 
   // A rank that passes a negative color is in no group: null, as from the inner communicator
   // (node_topology.cpp asks so on the ranks that carry no data between uneven nodes).
-  std::shared_ptr<Communicator> split(int color, int key) override {
+  std::shared_ptr<CommBackend> split(int color, int key) override {
     std::shared_ptr<Communicator> child;
     thread_->run([&] { child = inner_->split(color, key); });
-    return child ? serialize_on(std::move(child), thread_) : nullptr;
+    return child ? std::make_shared<SerialBackend>(std::move(child), thread_) : nullptr;
   }
-  std::shared_ptr<Communicator> split_node() override {
+  std::shared_ptr<CommBackend> split_node() override {
     std::shared_ptr<Communicator> child;
     thread_->run([&] { child = inner_->split_node(); });
-    return child ? serialize_on(std::move(child), thread_) : nullptr;
+    return child ? std::make_shared<SerialBackend>(std::move(child), thread_) : nullptr;
   }
 
  private:
@@ -189,7 +190,7 @@ class SerialCommunicator final : public Communicator {
 
 std::shared_ptr<Communicator> serialize_on(std::shared_ptr<Communicator> inner, std::shared_ptr<CommThread> thread) {
   SHARDOPT_CHECK(inner != nullptr && thread != nullptr, internal, "serialize_on: null communicator or thread");
-  return std::make_shared<SerialCommunicator>(std::move(inner), std::move(thread));
+  return std::make_shared<Communicator>(std::make_shared<SerialBackend>(std::move(inner), std::move(thread)));
 }
 
 }  // namespace comm

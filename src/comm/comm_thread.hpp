@@ -68,16 +68,8 @@ class CommThread {
   std::thread thread_;
 };
 
-// A communicator that implements no thread-level needs of its own may say so: an MPI
-// communicator raises Error(unsupported) naming MPI's thread level when it is below
-// MPI_THREAD_SERIALIZED (its calls would come from the communication thread).
-class SerializedCallsCheck {
- public:
-  virtual ~SerializedCallsCheck() = default;
-  virtual void require_serialized_calls() const = 0;
-};
-
-// Raises where `comm` cannot be called from a thread other than the one that initialised it.
+// Raises where `comm`'s transport cannot be called from a thread other than the one that
+// initialised it (CommBackend::require_serialized_calls).
 void require_serialized_calls(const Communicator& comm);
 
 // Every call of `inner` (and of the communicators split from this one) runs on `thread`; the

@@ -28,10 +28,10 @@ void check_reducible(DType dtype, const char* op) {
 
 }  // namespace
 
-HostStagedCommunicator::HostStagedCommunicator(Communicator& inner, Device device, void* stream)
+HostStagedBackend::HostStagedBackend(Communicator& inner, Device device, void* stream)
     : inner_(inner), device_(device), stream_(stream), scratch_(device, stream) {}
 
-char* HostStagedCommunicator::scratch(std::size_t bytes) {
+char* HostStagedBackend::scratch(std::size_t bytes) {
   const auto numel = static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float));
   // Grows only: these collectives are agreement records of a few hundred bytes, or a
   // consolidation's chunks of one checkpoint staging slot (a few MiB), and a reallocation
@@ -40,16 +40,16 @@ char* HostStagedCommunicator::scratch(std::size_t bytes) {
   return reinterpret_cast<char*>(scratch_.data());
 }
 
-void HostStagedCommunicator::to_device(void* dst, const void* src, std::size_t bytes) {
+void HostStagedBackend::to_device(void* dst, const void* src, std::size_t bytes) {
   device::cuda_copy(dst, src, bytes, stream_, device_);
 }
 
-void HostStagedCommunicator::to_host(void* dst, const void* src, std::size_t bytes) {
+void HostStagedBackend::to_host(void* dst, const void* src, std::size_t bytes) {
   device::cuda_copy(dst, src, bytes, stream_, device_);
   device::cuda_synchronize(stream_, device_, "host-staged collective");
 }
 
-void HostStagedCommunicator::broadcast(void* buffer, int64_t count, DType dtype, int root) {
+void HostStagedBackend::broadcast(void* buffer, int64_t count, DType dtype, int root) {
   const std::size_t bytes = byte_count(count, dtype, "broadcast");
   const device::ScopedDevice scope(device_);
   char* staged = scratch(bytes);
@@ -58,7 +58,7 @@ void HostStagedCommunicator::broadcast(void* buffer, int64_t count, DType dtype,
   to_host(buffer, staged, bytes);
 }
 
-void HostStagedCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dtype) {
+void HostStagedBackend::all_gather(const void* send, void* recv, int64_t count, DType dtype) {
   const std::size_t bytes = byte_count(count, dtype, "all_gather");
   const std::size_t total = bytes * static_cast<std::size_t>(size());
   const device::ScopedDevice scope(device_);
@@ -69,7 +69,7 @@ void HostStagedCommunicator::all_gather(const void* send, void* recv, int64_t co
   to_host(recv, staged, total);
 }
 
-void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_t count,
+void HostStagedBackend::reduce_scatter(const void* send, void* recv, int64_t count,
                                             DType dtype, ReduceOp op) {
   check_reducible(dtype, "reduce_scatter");
   const std::size_t bytes = byte_count(count, dtype, "reduce_scatter");
@@ -81,7 +81,7 @@ void HostStagedCommunicator::reduce_scatter(const void* send, void* recv, int64_
   to_host(recv, staged + total, bytes);
 }
 
-void HostStagedCommunicator::all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) {
+void HostStagedBackend::all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) {
   check_reducible(dtype, "all_reduce");
   const std::size_t bytes = byte_count(count, dtype, "all_reduce");
   const device::ScopedDevice scope(device_);
@@ -91,7 +91,7 @@ void HostStagedCommunicator::all_reduce(void* buffer, int64_t count, DType dtype
   to_host(buffer, staged, bytes);
 }
 
-void HostStagedCommunicator::reduce(const void* send, void* recv, int64_t count, DType dtype,
+void HostStagedBackend::reduce(const void* send, void* recv, int64_t count, DType dtype,
                                     ReduceOp op, int root) {
   check_reducible(dtype, "reduce");
   const std::size_t bytes = byte_count(count, dtype, "reduce");
@@ -109,14 +109,14 @@ void HostStagedCommunicator::reduce(const void* send, void* recv, int64_t count,
   }
 }
 
-std::unique_ptr<PendingCollective> HostStagedCommunicator::broadcast_async(void* buffer,
+std::unique_ptr<PendingCollective> HostStagedBackend::broadcast_async(void* buffer,
                                                                            int64_t count,
                                                                            DType dtype, int root) {
   broadcast(buffer, count, dtype, root);
   return std::make_unique<Completed>();
 }
 
-std::unique_ptr<PendingCollective> HostStagedCommunicator::all_gather_async(const void* send,
+std::unique_ptr<PendingCollective> HostStagedBackend::all_gather_async(const void* send,
                                                                             void* recv,
                                                                             int64_t count,
                                                                             DType dtype) {
@@ -124,7 +124,7 @@ std::unique_ptr<PendingCollective> HostStagedCommunicator::all_gather_async(cons
   return std::make_unique<Completed>();
 }
 
-std::unique_ptr<PendingCollective> HostStagedCommunicator::all_reduce_async(void* buffer,
+std::unique_ptr<PendingCollective> HostStagedBackend::all_reduce_async(void* buffer,
                                                                             int64_t count,
                                                                             DType dtype,
                                                                             ReduceOp op) {
@@ -132,7 +132,7 @@ std::unique_ptr<PendingCollective> HostStagedCommunicator::all_reduce_async(void
   return std::make_unique<Completed>();
 }
 
-std::unique_ptr<PendingCollective> HostStagedCommunicator::reduce_scatter_async(const void* send,
+std::unique_ptr<PendingCollective> HostStagedBackend::reduce_scatter_async(const void* send,
                                                                                 void* recv,
                                                                                 int64_t count,
                                                                                 DType dtype,
@@ -141,14 +141,14 @@ std::unique_ptr<PendingCollective> HostStagedCommunicator::reduce_scatter_async(
   return std::make_unique<Completed>();
 }
 
-std::unique_ptr<PendingCollective> HostStagedCommunicator::reduce_async(const void* send, void* recv,
+std::unique_ptr<PendingCollective> HostStagedBackend::reduce_async(const void* send, void* recv,
                                                                         int64_t count, DType dtype,
                                                                         ReduceOp op, int root) {
   reduce(send, recv, count, dtype, op, root);
   return std::make_unique<Completed>();
 }
 
-std::shared_ptr<Communicator> HostStagedCommunicator::split(int, int) {
+std::shared_ptr<CommBackend> HostStagedBackend::split(int, int) {
   raise(ErrorCode::internal, "the optimizer's host-staging view of the '{}' communicator cannot be split",
         inner_.backend_name());
 }

@@ -10,16 +10,16 @@
 #include <memory>
 
 #include "core/flat_buffer.hpp"
-#include "shardopt/communicator.hpp"
+#include "shardopt/comm_backend.hpp"
 
 namespace shardopt {
 namespace comm {
 
-class HostStagedCommunicator final : public Communicator {
+class HostStagedBackend final : public CommBackend {
  public:
   // `inner` works on device memory of `device` and issues its collectives on `stream`; it must
   // outlive this adapter.
-  HostStagedCommunicator(Communicator& inner, Device device, void* stream);
+  HostStagedBackend(Communicator& inner, Device device, void* stream);
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -50,7 +50,7 @@ class HostStagedCommunicator final : public Communicator {
                                                           ReduceOp op) override;
   std::unique_ptr<PendingCollective> reduce_async(const void* send, void* recv, int64_t count,
                                                   DType dtype, ReduceOp op, int root) override;
-  std::shared_ptr<Communicator> split(int color, int key) override;
+  std::shared_ptr<CommBackend> split(int color, int key) override;
 
  private:
   char* scratch(std::size_t bytes);

@@ -47,8 +47,19 @@ void* AveragingPort::grad_ptr(std::size_t i) const { return im_.shard.grad_ptr(i
 comm::AgreementRecord AveragingPort::enter(GateCall call, std::string operation) {
   return optim::enter(im_, call, std::move(operation));
 }
-void AveragingPort::attach() { ++im_.gate.attached_averagers; }
-void AveragingPort::detach() noexcept { --im_.gate.attached_averagers; }
+void AveragingPort::attach(int world_rank, std::function<void(const Error&)> relay) {
+  im_.gate.averagers.emplace_back(this, std::move(relay));
+  im_.gate.averaging_world_rank = world_rank;
+}
+void AveragingPort::detach() noexcept {
+  auto& averagers = im_.gate.averagers;
+  for (auto it = averagers.begin(); it != averagers.end(); ++it) {
+    if (it->first == this) {
+      averagers.erase(it);
+      return;
+    }
+  }
+}
 void AveragingPort::wait_for_queued_work() { im_.overlap.wait_all(); }
 
 void AveragingPort::publish_shard_values(int threads) {

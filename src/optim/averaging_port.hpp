@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/agreement.hpp"
@@ -66,8 +67,9 @@ class AveragingPort {
   // caller adds its fields and agrees over whichever ranks the call spans.
   comm::AgreementRecord enter(GateCall call, std::string operation);
   // An averager wraps the optimizer from attach() to detach(): the gate then refuses join()
-  // (round_gate.cpp says why).
-  void attach();
+  // (round_gate.cpp says why), naming `world_rank`, and hands every Join refusal this rank
+  // raises out of the optimizer's agreements to `relay` (round_gate.hpp: relay_join_refusal).
+  void attach(int world_rank, std::function<void(const Error&)> relay);
   void detach() noexcept;
   // Waits for the communication thread's queued work (config.overlap): the last step's
   // all-gathers land before the values are read.

@@ -23,7 +23,8 @@ DeviceContext::DeviceContext(std::shared_ptr<Communicator> comm) : comm_(std::mo
   start_device_path(comm_stream);
   // The agreement records are staged on the communication stream: they need none of the
   // compute stream's work, and must not wait for it.
-  host_staging_ = std::make_unique<comm::HostStagedCommunicator>(*comm_, device_, comm_stream_);
+  host_staging_ =
+      std::make_unique<Communicator>(std::make_shared<comm::HostStagedBackend>(*comm_, device_, comm_stream_));
 }
 
 DeviceContext::DeviceContext(std::shared_ptr<Communicator> comm, std::unique_ptr<DeviceOps> ops)

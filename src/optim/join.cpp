@@ -14,9 +14,11 @@ namespace shardopt {
 namespace optim {
 namespace {
 
+// Through the gate's agree_joinable: a refused join() (an averager attached) is relayed from
+// there to the averaging's communicators.
 comm::Agreed agree_shadowing(ZeroOptimizer::Impl& im, comm::AgreementRecord& record) {
   record.set_shadowing();
-  return comm::agree_with_joined(im.dev.host_comm(), record);
+  return agree_joinable(im, record);
 }
 
 // The record a rank in join() offers before it knows the active ranks' call: every number any

@@ -1,6 +1,10 @@
 // src/optim/param_table.cpp — registration checks (names, buffers, one device, one dtype) and the table of params and groups.
 #include "optim/param_table.hpp"
 
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 #include "optim/hyperparams.hpp"
@@ -69,8 +73,35 @@ void check_buffers(const std::string& label, const ParamSpec& p, Storage storage
 }  // namespace
 
 std::string describe(const ParamRecord& p) {
-  return fmt::format("'{}' (numel {}, {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype),
+  const std::string shape = p.shape.empty() ? "" : fmt::format(", shape [{}]", fmt::join(p.shape, ", "));
+  return fmt::format("'{}' (numel {}{}, {}, {}, group {})", p.name, p.numel, shape, dtype_name(p.dtype),
                      p.device.is_cpu() ? "cpu" : "cuda", p.group);
+}
+
+// The shape must describe numel elements; a Muon group takes matrices only (torch.optim.Muon
+// refuses other parameters).
+static void check_shape(const std::string& label, const ParamSpec& p, Algorithm algorithm, int group) {
+  if (!p.shape.empty()) {
+    int64_t product = 1;
+    for (int64_t d : p.shape) {
+      SHARDOPT_CHECK(d >= 0 && d <= partition::kMaxElements, invalid_argument,
+                     "parameter {} has shape [{}]: a dimension outside [0, 2^56]", label, fmt::join(p.shape, ", "));
+      product = d == 0 ? 0 : (product > partition::kMaxElements / d ? partition::kMaxElements + 1 : product * d);
+    }
+    SHARDOPT_CHECK(product == p.param.numel, invalid_argument,
+                   "parameter {} has shape [{}] ({} elements) but numel {}", label, fmt::join(p.shape, ", "), product,
+                   p.param.numel);
+  }
+  if (algorithm == Algorithm::muon) {
+    SHARDOPT_CHECK(!p.param.device.is_cuda(), unsupported,
+                   "parameter {} in param group {} (muon) is on {}: this build runs Muon's Newton-Schulz on the CPU "
+                   "only",
+                   label, group, device_name(p.param.device));
+    SHARDOPT_CHECK(p.shape.size() == 2, invalid_argument,
+                   "parameter {} in param group {} (muon) has shape [{}]: Muon updates 2-D parameters only (give "
+                   "ParamSpec::shape as [rows, cols], or put the parameter in a group of another algorithm)",
+                   label, group, p.shape.empty() ? fmt::format("{}", p.param.numel) : fmt::format("{}", fmt::join(p.shape, ", ")));
+  }
 }
 
 Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const OptimizerConfig& config,
@@ -98,10 +129,23 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
   for (std::size_t g = 0; g < specs.size(); ++g) {
     const ParamGroupSpec& spec = specs[g];
     const int group_index = num_groups() + static_cast<int>(g);
-    const Hyperparams hyper = spec.hyper.resolve(defaults_);
-    validate_hyperparams(hyper, config.algorithm, group_index);
+    const Algorithm algorithm = spec.settings.algorithm.value_or(config.algorithm);
+    const int algorithm_value = static_cast<int>(algorithm);
+    SHARDOPT_CHECK(algorithm_value >= 0 && algorithm_value <= 3, invalid_argument,
+                   "param group {}: settings.algorithm {} is not sgd, adam, adamw or muon", group_index, algorithm_value);
+    const Hyperparams hyper = spec.hyper.resolve(defaults_for(algorithm));
+    validate_hyperparams(hyper, algorithm, group_index);
     SHARDOPT_CHECK(!spec.params.empty(), invalid_argument, "param group {} has an empty parameter list", group_index);
+    if (algorithm == Algorithm::muon) {
+      // A matrix is updated whole, once all of its gradient is in: per_bucket would update it
+      // when its first bucket lands.
+      SHARDOPT_CHECK(config.overlap != OverlapPolicy::per_bucket, invalid_argument,
+                     "param group {} runs Muon, which updates each matrix whole once all of its gradient is reduced; "
+                     "config.overlap = per_bucket updates bucket by bucket (use after_backward)",
+                     group_index);
+    }
     out.groups.push_back(hyper);
+    out.algorithms.push_back(algorithm);
     for (const ParamSpec& p : spec.params) {
       const std::size_t position = params_.size() + out.records.size();
       const std::string label = p.name.empty() ? fmt::format("#{}", position) : "'" + p.name + "'";
@@ -119,6 +163,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       check_param_device(label, p.param.device, choice, rank);
       check_param_dtype(label, p.param.dtype, choice);
       check_buffers(label, p, config.storage);
+      check_shape(label, p, algorithm, group_index);
       for (const ParamRecord& existing : params_) {
         SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
       }
@@ -131,6 +176,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       r.dtype = p.param.dtype;
       r.device = p.param.device;
       r.group = group_index;
+      r.shape = p.shape;
       r.user_param = p.param.data;
       r.user_grad = p.grad.data;
       out.records.push_back(std::move(r));
@@ -146,6 +192,7 @@ void ParamTable::append(Registration registration) {
     device_ = registration.choice.device;
   }
   for (const Hyperparams& h : registration.groups) groups_.push_back(h);
+  for (Algorithm a : registration.algorithms) algorithms_.push_back(a);
   int64_t next_index = params_.empty() ? 0 : params_.back().first_index + params_.back().numel;
   for (ParamRecord& r : registration.records) {
     r.first_index = next_index;
@@ -177,10 +224,46 @@ Hyperparams& ParamTable::group(int index) {
   return groups_[static_cast<std::size_t>(index)];
 }
 
+Algorithm ParamTable::algorithm(int index) const {
+  SHARDOPT_CHECK(index >= 0 && index < num_groups(), invalid_argument, "param group {} does not exist (there are {})",
+                 index, num_groups());
+  return algorithms_[static_cast<std::size_t>(index)];
+}
+
+bool ParamTable::any_group_runs(Algorithm algorithm) const {
+  return std::find(algorithms_.begin(), algorithms_.end(), algorithm) != algorithms_.end();
+}
+
+Hyperparams ParamTable::defaults_for(Algorithm algorithm) const {
+  return defaults_explicit_ ? defaults_ : default_hyperparams(algorithm);
+}
+
+partition::ParamInfo layout_info(int64_t numel, int32_t group, bool trainable, Algorithm algorithm,
+                                 const std::vector<int64_t>& shape, const Hyperparams& group_hyper) {
+  partition::ParamInfo info{numel, group, trainable};
+  if (algorithm == Algorithm::muon && shape.size() == 2) {
+    info.whole = true;
+    info.cost = partition::newton_schulz_cost(shape[0], shape[1], group_hyper.ns_steps);
+  }
+  return info;
+}
+
 std::vector<partition::ParamInfo> ParamTable::infos() const {
   std::vector<partition::ParamInfo> infos;
   infos.reserve(params_.size());
-  for (const ParamRecord& p : params_) infos.push_back({p.numel, p.group, p.trainable});
+  for (const ParamRecord& p : params_) {
+    const auto g = static_cast<std::size_t>(p.group);
+    infos.push_back(layout_info(p.numel, p.group, p.trainable, algorithms_[g], p.shape, groups_[g]));
+  }
+  return infos;
+}
+
+std::vector<partition::ParamInfo> ParamTable::infos_with(const Registration& added) const {
+  std::vector<partition::ParamInfo> infos = this->infos();
+  for (const ParamRecord& r : added.records) {
+    const auto g = static_cast<std::size_t>(r.group - num_groups());
+    infos.push_back(layout_info(r.numel, r.group, r.trainable, added.algorithms[g], r.shape, added.groups[g]));
+  }
   return infos;
 }
 

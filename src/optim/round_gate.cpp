@@ -34,7 +34,7 @@ const std::vector<CallRule> kRules = {
      "updates and syncs (overlap: leaves the all-gathers in flight, waited for per parameter)"},
     {GateCall::join, "join", kBetweenRounds, kDrainNothing, Leaves::idle, true,
      "shadows the active ranks' calls until a step (or every rank has joined); refused while a ModelAverager or "
-     "PostLocalSGDOptimizer wraps the optimizer"},
+     "PostLocalSGDOptimizer wraps the optimizer, on every rank of the averaging's world (docs/local_sgd.md)"},
     {GateCall::add_param_group, "add_param_group", kBetweenRounds, kDrainGathers | kDrainSaveReads, Leaves::idle,
      false, "re-lays out the buffers: the round's gradients are dropped"},
     {GateCall::set_trainable, "set_trainable", kBetweenRounds, kDrainGathers | kDrainSaveReads, Leaves::idle, false,
@@ -129,13 +129,15 @@ RoundState round_state(const ZeroOptimizer::Impl& im) {
 
 void check_legal(const ZeroOptimizer::Impl& im, GateCall call, const std::string& operation) {
   // A rank out of inputs shadows its optimizer's collectives only: the averaging across
-  // replicas would wait for it (or average a replica that stopped training) with no agreement
-  // to tell the other replicas. Refused where it is called, before anything is shadowed.
-  SHARDOPT_CHECK(call != GateCall::join || im.gate.attached_averagers == 0, unsupported,
-                 "{}: this optimizer is wrapped by a ModelAverager or PostLocalSGDOptimizer, and Join does not "
-                 "combine with model averaging (the replicas' averaging has no way to shadow a rank out of inputs); "
-                 "give every rank the same number of steps",
-                 operation);
+  // replicas would wait for it (or average a replica that stopped training). Refused where it
+  // is called, before anything is shadowed; the refusal then travels to every rank of the
+  // averaging's world (relay_join_refusal), so none is left waiting for this one.
+  SHARDOPT_CHECK(call != GateCall::join || im.gate.averagers.empty(), unsupported,
+                 "{}: {} (rank {} called join()): this optimizer is wrapped by a ModelAverager or "
+                 "PostLocalSGDOptimizer, whose averaging across the replicas has no way to shadow a rank out of "
+                 "inputs; every rank of the averaging's world raises this error in its next call that meets this "
+                 "rank's replica or averaging group; give every rank the same number of steps",
+                 operation, kJoinRefusal, im.gate.averaging_world_rank);
   const RoundState state = round_state(im);
   if ((rule(call).from & bit(state)) != 0) return;
   switch (state) {
@@ -171,11 +173,30 @@ comm::AgreementRecord enter(ZeroOptimizer::Impl& im, GateCall call, std::string 
 comm::AgreementRecord continue_record(std::string operation) { return comm::AgreementRecord(std::move(operation)); }
 
 std::vector<comm::Payload> agree(ZeroOptimizer::Impl& im, const comm::AgreementRecord& record) {
-  return comm::agree(im.dev.host_comm(), record);
+  try {
+    return comm::agree(im.dev.host_comm(), record);
+  } catch (const Error& e) {
+    relay_join_refusal(im, e);
+    throw;
+  }
 }
 
 comm::Agreed agree_joinable(ZeroOptimizer::Impl& im, const comm::AgreementRecord& record) {
-  return comm::agree_with_joined(im.dev.host_comm(), record);
+  try {
+    return comm::agree_with_joined(im.dev.host_comm(), record);
+  } catch (const Error& e) {
+    relay_join_refusal(im, e);
+    throw;
+  }
+}
+
+bool is_join_refusal(const Error& e) {
+  return e.code() == ErrorCode::unsupported && std::string(e.what()).find(kJoinRefusal) != std::string::npos;
+}
+
+void relay_join_refusal(ZeroOptimizer::Impl& im, const Error& e) {
+  if (!is_join_refusal(e)) return;
+  for (const auto& averager : im.gate.averagers) averager.second(e);
 }
 
 void leave(ZeroOptimizer::Impl& im, GateCall call) {

@@ -12,7 +12,9 @@
 // unit test keeps the two equal.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/agreement.hpp"
@@ -86,8 +88,22 @@ const CallRule& rule(GateCall call);
 // overlap engine, background save), so the two cannot disagree.
 struct RoundGate {
   bool reduced = false;   // reduce_gradients() finished and no step() since
-  int attached_averagers = 0;  // ModelAverager / PostLocalSGDOptimizer objects wrapping the optimizer
+  // The ModelAverager / PostLocalSGDOptimizer objects wrapping the optimizer (keyed by their
+  // averaging port), each with its relay of a Join refusal (see relay_join_refusal), and this
+  // rank's rank in the averaging's world (which the refusal names).
+  std::vector<std::pair<const void*, std::function<void(const Error&)>>> averagers;
+  int averaging_world_rank = -1;
 };
+
+// join() while an averager wraps the optimizer is refused (Error(unsupported)) with a message
+// holding this text; the averaging's relays recognise it in the errors other ranks raise.
+constexpr const char* kJoinRefusal = "Join does not combine with model averaging";
+bool is_join_refusal(const Error& e);
+// A Join refusal this rank raises out of one of the optimizer's agreements (its own join(), or
+// a replica peer's carried into this rank's call) is handed to every attached averager's relay
+// before it propagates: the averaging's other communicators carry it to the rest of the world,
+// whose ranks would otherwise wait there for this one. Other errors pass untouched.
+void relay_join_refusal(ZeroOptimizer::Impl& im, const Error& e);
 
 // The current state, read from the parts and the gate.
 RoundState round_state(const ZeroOptimizer::Impl& im);

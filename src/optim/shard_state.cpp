@@ -21,7 +21,7 @@ partition::Strategy strategy_of(const OptimizerConfig& config) {
 }
 
 StateMask ShardState::state_kinds_needed() const {
-  StateMask needed = optim::state_kinds_needed(config_.algorithm, dtype(), table_.groups());
+  StateMask needed = optim::state_kinds_needed(table_.algorithms(), dtype(), table_.groups());
   // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
   for (std::size_t k = 0; k < kStateKinds; ++k) needed[k] = needed[k] || state_in_use_[k];
   return needed;
@@ -248,7 +248,10 @@ void ShardState::refresh_runs() {
       const std::size_t run_bytes = span_bytes(last.length, dt);
       const bool contiguous = last.shard_offset + last.length == s.shard_offset && last.param + run_bytes == param_at &&
                               last.grad + run_bytes == grad_at && last.first_index + last.length == index;
-      if (contiguous && q.group == p.group && q.step == p.step && q.has_momentum_buffer == p.has_momentum_buffer) {
+      // A Muon matrix is its own run: its update needs it whole, and only it.
+      const bool matrix = table_.algorithm(p.group) == Algorithm::muon;
+      if (contiguous && !matrix && q.group == p.group && q.step == p.step &&
+          q.has_momentum_buffer == p.has_momentum_buffer) {
         last.length += s.length;
         continue;
       }

@@ -114,6 +114,8 @@ int ZeroOptimizer::num_params() const { return static_cast<int>(impl_->table.siz
 Hyperparams& ZeroOptimizer::hyperparams(int group) { return impl_->table.group(group); }
 const Hyperparams& ZeroOptimizer::hyperparams(int group) const { return impl_->table.group(group); }
 const Hyperparams& ZeroOptimizer::defaults() const { return impl_->table.defaults(); }
+Algorithm ZeroOptimizer::group_algorithm(int group) const { return impl_->table.algorithm(group); }
+const std::vector<int64_t>& ZeroOptimizer::param_shape(ParamId id) const { return impl_->table.param(id).shape; }
 ParamId ZeroOptimizer::find_param(const std::string& name) const { return impl_->table.find(name); }
 const std::string& ZeroOptimizer::param_name(ParamId id) const { return impl_->table.param(id).name; }
 int ZeroOptimizer::param_group(ParamId id) const { return impl_->table.param(id).group; }

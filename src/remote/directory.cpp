@@ -96,6 +96,10 @@ std::vector<std::string> all_gather_text(Communicator& comm, const std::string& 
 }
 
 void validate_entry(const OwnedEntry& e) {
+  SHARDOPT_CHECK(e.algorithm == Algorithm::sgd || e.algorithm == Algorithm::adam || e.algorithm == Algorithm::adamw,
+                 unsupported, "RemoteOptimizer: parameter '{}': algorithm {} is not one the remote optimizer runs (SGD, "
+                 "Adam, AdamW: its owners update rows of parameters)",
+                 e.name, algorithm_name(e.algorithm));
   SHARDOPT_CHECK(!e.name.empty() && e.name.find_first_of("\t\n") == std::string::npos, invalid_argument,
                  "RemoteOptimizer: parameter name '{}' is empty or holds a tab or newline", e.name);
   SHARDOPT_CHECK(e.rows > 0 && e.row_size > 0, invalid_argument,

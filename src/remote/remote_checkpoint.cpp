@@ -37,7 +37,7 @@ std::vector<int> owners_of(const remote::Directory& dir, const std::vector<int32
 }
 
 std::vector<optim::StateKind> kinds_needed(Algorithm algorithm, const std::vector<Hyperparams>& groups) {
-  const auto needed = optim::state_kinds_needed(algorithm, DType::f32, groups);
+  const auto needed = optim::state_kinds_needed(std::vector<Algorithm>(groups.size(), algorithm), DType::f32, groups);
   std::vector<optim::StateKind> kinds;
   for (std::size_t k = 0; k < optim::kMaster; ++k) {
     if (needed[k]) kinds.push_back(static_cast<optim::StateKind>(k));

@@ -44,7 +44,8 @@ foreach(required
     "shardopt_post_local_sgd_create" "shardopt_post_local_sgd_step" "shardopt_post_local_sgd_state_dict_step"
     "shardopt::PostLocalSGDOptimizer::step()" "shardopt::ModelAverager::average_parameters()"
     "shardopt::mpi_world(" "shardopt::ZeroOptimizer::step()" "typeinfo for shardopt::Error"
-    "typeinfo for shardopt::Communicator" "shardopt::error_code_name(" "shardopt::cpu_kernel_isa(")
+    "typeinfo for shardopt::CommBackend" "shardopt::Communicator::Communicator(" "shardopt::backend_of("
+    "shardopt::error_code_name(" "shardopt::cpu_kernel_isa(")
   string(FIND "${listing}" "${required}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "libshardopt does not export ${required}")

@@ -41,7 +41,7 @@ struct Parts : shardopt_test::WiredOptimizerParts {
 };
 
 std::unique_ptr<Parts> device_parts(const OptimizerConfig& config, DeviceCallCounts& counts) {
-  auto comm = std::make_shared<StreamReportingComm>(shardopt_test::world());
+  auto comm = std::make_shared<Communicator>(std::make_shared<StreamReportingComm>(shardopt_test::world()));
   return std::make_unique<Parts>(std::make_unique<optim::DeviceContext>(comm, std::make_unique<HostDeviceOps>(&counts)),
                                  config);
 }

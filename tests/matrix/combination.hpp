@@ -17,8 +17,10 @@ struct Combination {
   // Empty: bitwise the reference, or refused at construction. Otherwise the signature of the
   // failure it is known to show today (the combination is marked known failing).
   std::string known_failure;
-  // Non-empty: refused by a constructor on every rank, with an error containing this.
+  // Non-empty: refused on every rank with an error containing this: by a constructor, or (when
+  // refused_at_call) by the calls that meet the refused one (join()).
   std::string refusal;
+  bool refused_at_call = false;
   std::string reason;  // why it is marked, from the generator
 
   const std::string& operator[](const std::string& dimension) const {
@@ -70,10 +72,12 @@ inline std::vector<Combination> read_combinations(const std::string& path) {
     const std::string& expect = c["expect"];
     const std::string known = "known_failing:";
     const std::string refused = "refused:";
+    const std::string refused_at_call = "refused_at_call:";
     if (expect.rfind(known, 0) == 0) {
       c.known_failure = expect.substr(known.size());
-    } else if (expect.rfind(refused, 0) == 0) {
-      c.refusal = expect.substr(refused.size());
+    } else if (expect.rfind(refused, 0) == 0 || expect.rfind(refused_at_call, 0) == 0) {
+      c.refused_at_call = expect.rfind(refused_at_call, 0) == 0;
+      c.refusal = expect.substr((c.refused_at_call ? refused_at_call : refused).size());
       for (char& ch : c.refusal) ch = ch == '_' ? ' ' : ch;
     } else if (expect != "ok") {
       throw std::runtime_error(path + ": " + c.id + " expects '" + expect + "'");

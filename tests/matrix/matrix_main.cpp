@@ -3,8 +3,9 @@
 // Usage (under mpiexec -n NP): shardopt-feature-matrix-test COMBINATIONS_FILE OUTCOMES_FILE [ID...]
 // Runs the combinations of COMBINATIONS_FILE with np=NP (or only the named ones); rank 0
 // writes one line per combination to OUTCOMES_FILE (tools/feature_matrix.py table reads them).
-// Exits 1 when a combination is neither bitwise the reference nor refused by a constructor on
-// every rank (unless marked known failing with that very failure), or a known failure changed.
+// Exits 1 when a combination is neither bitwise the reference nor refused on every rank as
+// combinations.txt expects (by a constructor, or by a call every rank meets), unless marked
+// known failing with that very failure, or a known failure changed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -88,6 +89,30 @@ bool refused_at_construction(const std::vector<RankRecord>& run) {
     if (!r.ran || r.completed || std::strncmp(r.phase, "construct.", 10) != 0) return false;
     if (std::strcmp(r.code, run[0].code) != 0 || std::strcmp(r.message, run[0].message) != 0) return false;
   }
+  return true;
+}
+
+// A refusal at a call (join() beside model averaging): every rank of both runs stopped with the
+// same error code, not a timeout, each message naming the refusal; `message` lists where.
+bool refused_at_call(const std::vector<RankRecord>& reference, const std::vector<RankRecord>& variant,
+                     const std::string& fragment, std::string& message) {
+  std::string first_code, first_message, where;
+  for (const auto* run : {&reference, &variant}) {
+    for (std::size_t r = 0; r < run->size(); ++r) {
+      const RankRecord& rec = (*run)[r];
+      if (!rec.ran) continue;
+      if (rec.completed || std::strcmp(rec.code, "timeout") == 0) return false;
+      if (std::string(rec.message).find(fragment) == std::string::npos) return false;
+      if (first_code.empty()) {
+        first_code = rec.code;
+        first_message = rec.message;
+      }
+      if (first_code != rec.code) return false;
+      where += (where.empty() ? "" : ", ") + std::string(run == &reference ? "reference" : "variant") + " rank " +
+               std::to_string(r) + " at " + rec.phase;
+    }
+  }
+  message = first_code + " on every rank (" + where + "): " + first_message;
   return true;
 }
 
@@ -204,10 +229,19 @@ int main(int argc, char** argv) {
         gather(*world, record_of(separate_reference ? &reference_run : nullptr, nullptr));
     const std::vector<RankRecord> variant =
         gather(*world, record_of(&variant_run, separate_reference ? &reference_run : nullptr));
-    const Verdict v = classify(reference, variant);
+    Verdict v = classify(reference, variant);
     // Every rank holds the same records, so every rank reaches the same judgement.
     std::string outcome = v.outcome, problem;
-    if (!c.refusal.empty()) {
+    if (c.refused_at_call) {
+      std::string refusal;
+      if (refused_at_call(reference, variant, c.refusal, refusal)) {
+        outcome = "refused";
+        v.message = refusal;
+      } else {
+        problem = "expected refused on every rank by the same error code (not a timeout) naming '" + c.refusal +
+                  "', got " + v.outcome;
+      }
+    } else if (!c.refusal.empty()) {
       if (v.outcome != "refused" || v.message.find(c.refusal) == std::string::npos) {
         problem = "expected refused at construction naming '" + c.refusal + "', got " + v.outcome;
       }
@@ -247,7 +281,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::error_code ignored;
     std::filesystem::remove_all(base, ignored);
-    std::printf("feature matrix at np %d: %zu combinations, %d bitwise, %d refused at construction, %d known failing, %d "
+    std::printf("feature matrix at np %d: %zu combinations, %d bitwise, %d refused by name, %d known failing, %d "
                 "unexpected\n",
                 world->size(), combinations.size(), passed, refused, known, unexpected);
   }

@@ -12,6 +12,7 @@
 
 #include "cpu/update_cpu.hpp"
 #include "optim/device_ops.hpp"
+#include "shardopt/comm_backend.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt_test {
@@ -100,7 +101,7 @@ class HostDeviceOps final : public shardopt::optim::DeviceOps {
 
 // The host communicator `inner`, reporting a stream: to DeviceContext it is stream-ordered as
 // NCCL is (its collectives complete at once, which any stream order allows).
-class StreamReportingComm final : public shardopt::Communicator {
+class StreamReportingComm final : public shardopt::CommBackend {
  public:
   explicit StreamReportingComm(std::shared_ptr<shardopt::Communicator> inner) : inner_(std::move(inner)) {}
   int rank() const override { return inner_->rank(); }
@@ -149,7 +150,10 @@ class StreamReportingComm final : public shardopt::Communicator {
     ++groups_;
     return done(inner_->broadcast_group_async(parts, count, d));
   }
-  std::shared_ptr<shardopt::Communicator> split(int color, int key) override { return inner_->split(color, key); }
+  std::shared_ptr<shardopt::CommBackend> split(int color, int key) override {
+    std::shared_ptr<shardopt::Communicator> child = inner_->split(color, key);
+    return child ? shardopt::backend_of(*child) : nullptr;
+  }
   int64_t groups() const { return groups_; }
   int64_t host_waits() const { return host_waits_; }
 

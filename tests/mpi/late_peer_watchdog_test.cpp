@@ -20,10 +20,12 @@
 #include <thread>
 #include <vector>
 
+#include "shardopt/comm_backend.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace {
 
+using shardopt::CommBackend;
 using shardopt::Communicator;
 using shardopt::DType;
 using shardopt::PendingCollective;
@@ -58,7 +60,7 @@ struct Lateness {
   bool fired = false;
 };
 
-class LatePeerCommunicator final : public Communicator {
+class LatePeerCommunicator final : public CommBackend {
  public:
   LatePeerCommunicator(std::shared_ptr<Communicator> inner, std::shared_ptr<Lateness> lateness)
       : inner_(std::move(inner)), lateness_(std::move(lateness)) {}
@@ -107,7 +109,7 @@ class LatePeerCommunicator final : public Communicator {
     reduce(s, r, n, d, op, root);
     return done();
   }
-  std::shared_ptr<Communicator> split(int color, int key) override {
+  std::shared_ptr<CommBackend> split(int color, int key) override {
     return std::make_shared<LatePeerCommunicator>(inner_->split(color, key), lateness_);
   }
 
@@ -275,7 +277,7 @@ int main(int argc, char** argv) {
   }
   const std::string which = argv[1];
   auto lateness = std::make_shared<Lateness>();
-  auto world = std::make_shared<LatePeerCommunicator>(mpi, lateness);
+  auto world = std::make_shared<Communicator>(std::make_shared<LatePeerCommunicator>(mpi, lateness));
   if (which == "consolidate") {
     consolidate_case(world, *lateness);
   } else if (which == "averager") {

@@ -111,7 +111,7 @@ class LazyDeviceOps final : public shardopt::optim::DeviceOps {
 
 // The host communicator `inner` on a LazyStream: the async forms queue the blocking call; the
 // blocking forms run the queue first, then the call.
-class LazyStreamComm final : public shardopt::Communicator {
+class LazyStreamComm final : public shardopt::CommBackend {
  public:
   LazyStreamComm(std::shared_ptr<shardopt::Communicator> inner, std::shared_ptr<LazyStream> stream)
       : inner_(std::move(inner)), stream_(std::move(stream)) {}
@@ -175,9 +175,10 @@ class LazyStreamComm final : public shardopt::Communicator {
                                                             shardopt::ReduceOp op, int root) override {
     return queue([=] { inner_->reduce(s, r, n, d, op, root); });
   }
-  std::shared_ptr<shardopt::Communicator> split(int color, int key) override {
+  std::shared_ptr<shardopt::CommBackend> split(int color, int key) override {
     stream_->run_all();
-    return inner_->split(color, key);
+    std::shared_ptr<shardopt::Communicator> child = inner_->split(color, key);
+    return child ? shardopt::backend_of(*child) : nullptr;
   }
   int64_t groups() const { return groups_; }
   int64_t host_waits() const { return host_waits_; }

@@ -210,7 +210,8 @@ void check_overlapped_on_device(const Setup& s, const std::shared_ptr<StreamComm
   std::shared_ptr<Communicator> world = shardopt_test::world();
   Parts plain(std::make_unique<optim::DeviceContext>(world), nullptr, s, OverlapPolicy::off);
   // No communication thread: over a stream-ordered communicator the engine only enqueues.
-  Parts device(std::make_unique<optim::DeviceContext>(comm, std::move(ops)), nullptr, s, s.overlap);
+  Parts device(std::make_unique<optim::DeviceContext>(std::make_shared<Communicator>(comm), std::move(ops)), nullptr,
+               s, s.overlap);
   REQUIRE(device.dev->stream_ordered());
   REQUIRE(device.engine.enabled());
   REQUIRE_NOTHROW(device.engine.check_device_path());

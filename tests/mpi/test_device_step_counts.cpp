@@ -66,7 +66,9 @@ void check_device_path(int64_t pipeline_chunk_bytes, bool clip, int stage = 1) {
   Parts plain(std::make_unique<optim::DeviceContext>(world), config);
   DeviceCallCounts counts;
   auto comm = std::make_shared<StreamReportingComm>(world);
-  Parts device(std::make_unique<optim::DeviceContext>(comm, std::make_unique<HostDeviceOps>(&counts)), config);
+  Parts device(std::make_unique<optim::DeviceContext>(std::make_shared<Communicator>(comm),
+                                                      std::make_unique<HostDeviceOps>(&counts)),
+               config);
   REQUIRE(device.dev->on_device());
   REQUIRE(device.dev->stream_ordered());
   REQUIRE(counts.streams_created == 1);  // the compute stream

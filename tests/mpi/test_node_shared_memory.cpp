@@ -7,6 +7,7 @@
 
 #include "comm/node_shared_memory.hpp"
 #include "mpi_test_support.hpp"
+#include "shardopt/comm_backend.hpp"
 #include "shm_segments.hpp"
 
 using namespace shardopt;
@@ -17,7 +18,7 @@ namespace {
 
 // Forwards to `inner`, except that one kind of collective raises Error(timeout) on every rank
 // (no rank enters it, so nothing is left unmatched).
-class FailingComm final : public Communicator {
+class FailingComm final : public CommBackend {
  public:
   enum class Fails { broadcast, all_gather };
   FailingComm(std::shared_ptr<Communicator> inner, Fails fails) : inner_(std::move(inner)), fails_(fails) {}
@@ -59,7 +60,10 @@ class FailingComm final : public Communicator {
                                                   int root) override {
     return inner_->reduce_async(s, r, n, d, op, root);
   }
-  std::shared_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+  std::shared_ptr<CommBackend> split(int color, int key) override {
+    std::shared_ptr<Communicator> child = inner_->split(color, key);
+    return child ? backend_of(*child) : nullptr;
+  }
 
  private:
   [[noreturn]] static void fail(const char* op) {
@@ -77,7 +81,7 @@ TEST_CASE("a node-shared buffer whose exchange fails leaves no segment behind", 
   for (FailingComm::Fails fails : {FailingComm::Fails::broadcast, FailingComm::Fails::all_gather}) {
     INFO((fails == FailingComm::Fails::broadcast ? "the name's broadcast fails" : "the outcomes' all-gather fails"));
     const std::set<std::string> before = segments_of_this_job();
-    FailingComm failing(node, fails);
+    Communicator failing(std::make_shared<FailingComm>(node, fails));
     std::string why_not;
     const auto [code, what] = shardopt_test::error_of([&] { comm::map_node_shared(failing, 1 << 16, why_not); });
     CHECK(code == ErrorCode::timeout);

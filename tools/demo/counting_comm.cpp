@@ -6,6 +6,7 @@
 
 namespace shardopt_demo {
 
+using shardopt::CommBackend;
 using shardopt::Communicator;
 using shardopt::DType;
 using shardopt::PendingCollective;
@@ -76,11 +77,13 @@ std::unique_ptr<PendingCollective> CountingCommunicator::reduce_async(const void
   return inner_->reduce_async(send, recv, n, dtype, op, root);
 }
 
-std::shared_ptr<Communicator> CountingCommunicator::split(int color, int key) {
-  return std::make_shared<CountingCommunicator>(inner_->split(color, key), counter_);
+std::shared_ptr<CommBackend> CountingCommunicator::split(int color, int key) {
+  std::shared_ptr<Communicator> child = inner_->split(color, key);
+  if (!child) return nullptr;  // a negative color: this rank joins no group
+  return std::make_shared<CountingCommunicator>(std::move(child), counter_);
 }
 
-std::shared_ptr<Communicator> CountingCommunicator::split_node() {
+std::shared_ptr<CommBackend> CountingCommunicator::split_node() {
   std::shared_ptr<Communicator> node = inner_->split_node();
   if (!node) return nullptr;  // this backend cannot share host memory: say so as it does
   return std::make_shared<CountingCommunicator>(std::move(node), counter_);

@@ -1,10 +1,11 @@
-// tools/demo/counting_comm.hpp — a Communicator that forwards every call and counts the payload bytes this rank hands to collectives.
+// tools/demo/counting_comm.hpp — a transport (CommBackend) that forwards every call and counts the payload bytes this rank hands to collectives.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 
+#include "shardopt/comm_backend.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace shardopt_demo {
@@ -21,7 +22,7 @@ struct ByteCounter {
 // elements; reduce_scatter: its whole send buffer (size() * count); broadcast: count on the
 // root, nothing elsewhere (the others only receive). DType::byte collectives (the agreement
 // records, checkpoint objects) are control traffic and not counted, nor are barriers.
-class CountingCommunicator final : public shardopt::Communicator {
+class CountingCommunicator final : public shardopt::CommBackend {
  public:
   CountingCommunicator(std::shared_ptr<shardopt::Communicator> inner, std::shared_ptr<ByteCounter> counter)
       : inner_(std::move(inner)), counter_(std::move(counter)) {}
@@ -32,6 +33,7 @@ class CountingCommunicator final : public shardopt::Communicator {
   const char* backend_name() const override { return inner_->backend_name(); }
   bool cuda_aware() const override { return inner_->cuda_aware(); }
   void* cuda_stream() const override { return inner_->cuda_stream(); }
+  void require_serialized_calls() const override { shardopt::backend_of(*inner_)->require_serialized_calls(); }
 
   void broadcast(void* buffer, int64_t count, shardopt::DType dtype, int root) override;
   void all_gather(const void* send, void* recv, int64_t count, shardopt::DType dtype) override;
@@ -57,8 +59,8 @@ class CountingCommunicator final : public shardopt::Communicator {
                                                             int root) override;
 
   // The new groups count into the same counter.
-  std::shared_ptr<shardopt::Communicator> split(int color, int key) override;
-  std::shared_ptr<shardopt::Communicator> split_node() override;
+  std::shared_ptr<shardopt::CommBackend> split(int color, int key) override;
+  std::shared_ptr<shardopt::CommBackend> split_node() override;
 
  private:
   void count(int64_t elements, shardopt::DType dtype);

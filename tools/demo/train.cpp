@@ -69,13 +69,14 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   // Local SGD: the replica is a split of the world, each of its ranks a consecutive world rank.
   const auto world_counter = std::make_shared<ByteCounter>();
   const auto replica_counter = std::make_shared<ByteCounter>();
-  std::shared_ptr<Communicator> counted_world = std::make_shared<CountingCommunicator>(world, world_counter);
+  std::shared_ptr<Communicator> counted_world =
+      std::make_shared<Communicator>(std::make_shared<CountingCommunicator>(world, world_counter));
   std::shared_ptr<Communicator> replica;  // local SGD only, not counted
   std::shared_ptr<Communicator> optimizer_comm = counted_world;
   if (local_sgd) {
     const int replica_size = options.local_sgd.replica;
     replica = world->split(rank / replica_size, rank);
-    optimizer_comm = std::make_shared<CountingCommunicator>(replica, replica_counter);
+    optimizer_comm = std::make_shared<Communicator>(std::make_shared<CountingCommunicator>(replica, replica_counter));
   }
 
   ModelParams model = make_model_params(options);
@@ -92,8 +93,7 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   if (options.local_sgd.enabled) config.node_shared_params = false;
   // f16 gradients underflow without a loss scale (torch.cuda.amp.GradScaler's defaults).
   config.loss_scaling.enabled = dtype == DType::f16;
-  std::vector<shardopt::ParamGroupSpec> groups;
-  groups.push_back(std::move(model.group));
+  std::vector<shardopt::ParamGroupSpec> groups = optimizer_groups(model, options);
   ZeroOptimizer opt(optimizer_comm, config, std::move(groups));
   model.free_staging();
   std::unique_ptr<shardopt::PostLocalSGDOptimizer> post_local;

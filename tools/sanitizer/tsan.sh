@@ -17,7 +17,7 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -D
   -DSHARDOPT_SANITIZE_THREAD=ON -DSHARDOPT_BUILD_TOOLS=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target shardopt-unit-tests shardopt-checkpoint-tests shardopt-mpi-tests \
   shardopt-overlap-tests shardopt-overlap-round-gate-tests shardopt-join-tests shardopt-averaging-tests \
-  shardopt-post-local-sgd-overlap-tests shardopt-node-sharing-overlap-tests
+  shardopt-post-local-sgd-overlap-tests shardopt-node-sharing-overlap-tests shardopt-join-averaging-tests
 
 # ignore_noninstrumented_modules: accesses inside libomp and libmpi themselves are not ours to
 # judge (Archer supplies OpenMP's ordering); the suppressions name what remains of them.
@@ -37,8 +37,9 @@ for np in 2 3; do
   mpirun --oversubscribe -np "$np" -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/mpi/shardopt-overlap-tests"
 done
 # The features that meet on the communication thread: overlap with Join, with per_bucket's held
-# hyperparameters and the round gate, with post-local SGD and averaging, with node sharing.
-for program in overlap-round-gate join averaging post-local-sgd-overlap node-sharing-overlap; do
+# hyperparameters and the round gate, with post-local SGD and averaging (and Join refused beside
+# it), with node sharing.
+for program in overlap-round-gate join averaging post-local-sgd-overlap node-sharing-overlap join-averaging; do
   echo "== tsan: $program tests, 2 ranks"
   mpirun --oversubscribe -np 2 -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/mpi/shardopt-$program-tests"
 done

@@ -1,4 +1,4 @@
-// src/comm/mpi/mpi_communicator.cpp — the Communicator over MPI on host buffers, and the mpi_world/mpi_borrow factories.
+// src/comm/mpi/mpi_communicator.cpp — the MPI transport (CommBackend) on host buffers, and the mpi_world/mpi_borrow factories.
 //
 // Every collective is issued nonblocking and completed by the bounded wait of
 // comm/mpi/mpi_watchdog.hpp, so a dead or diverged peer turns into Error(timeout) naming the
@@ -19,7 +19,6 @@
 #include <memory>
 
 #include "comm/agreement.hpp"
-#include "comm/comm_thread.hpp"
 #include "comm/mpi/half_ops.hpp"
 #include "comm/mpi/half_reduce.hpp"
 #include "comm/mpi/mpi_comm_of.hpp"
@@ -28,6 +27,7 @@
 #include "comm/mpi/mpi_watchdog.hpp"
 #include "comm/watchdog.hpp"
 #include "core/check.hpp"
+#include "shardopt/comm_backend.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt {
@@ -100,9 +100,9 @@ int checked_count(int64_t count, const char* op) {
   return static_cast<int>(count);
 }
 
-class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
+class MpiBackend final : public CommBackend {
  public:
-  MpiCommunicator(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent, const CommOptions& options)
+  MpiBackend(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent, const CommOptions& options)
       : state_(std::make_shared<MpiCommState>(std::move(runtime), parent, options)),
         // Asked once: the answer is the loaded MPI library's and cannot change.
         cuda_aware_(mpi_support::mpi_cuda_aware(nullptr)) {}
@@ -230,7 +230,7 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
     return pending;
   }
 
-  std::shared_ptr<Communicator> split(int color, int key) override {
+  std::shared_ptr<CommBackend> split(int color, int key) override {
     state_->check_usable("split");
     meet_before_blocking_call("split");
     MPI_Comm child = MPI_COMM_NULL;
@@ -240,7 +240,7 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
     return adopt(child);
   }
 
-  std::shared_ptr<Communicator> split_node() override {
+  std::shared_ptr<CommBackend> split_node() override {
     state_->check_usable("split_node");
     meet_before_blocking_call("split_node");
     MPI_Comm shared = MPI_COMM_NULL;
@@ -267,10 +267,10 @@ class MpiCommunicator final : public Communicator, public SerializedCallsCheck {
     MpiPending(state_, op, request).wait();
   }
   // A communicator over `child`, which is freed either way (the new one holds its duplicate).
-  std::shared_ptr<Communicator> adopt(MPI_Comm& child) {
-    std::shared_ptr<Communicator> result;
+  std::shared_ptr<CommBackend> adopt(MPI_Comm& child) {
+    std::shared_ptr<CommBackend> result;
     try {
-      result = std::make_shared<MpiCommunicator>(state_->runtime(), child, state_->options());
+      result = std::make_shared<MpiBackend>(state_->runtime(), child, state_->options());
     } catch (...) {
       MPI_Comm_free(&child);
       throw;
@@ -316,7 +316,8 @@ void agree_on_options(Communicator& comm, const CommOptions& options, const char
 
 std::shared_ptr<Communicator> create_agreed(std::shared_ptr<MpiRuntime> runtime, MPI_Comm parent,
                                             const CommOptions& options, const char* factory) {
-  auto created = std::make_shared<MpiCommunicator>(runtime, parent, options_to_create_with(options));
+  auto created =
+      std::make_shared<Communicator>(std::make_shared<MpiBackend>(runtime, parent, options_to_create_with(options)));
   agree_on_options(*created, options, factory);
   // Only now may the timeout bound the exit barrier: noted before the agreement, a rank whose
   // creation was refused could still enter that barrier alone.
@@ -327,7 +328,8 @@ std::shared_ptr<Communicator> create_agreed(std::shared_ptr<MpiRuntime> runtime,
 }  // namespace
 
 MPI_Comm mpi_comm_of(Communicator& communicator) {
-  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&communicator);
+  const std::shared_ptr<CommBackend> backend = backend_of(communicator);
+  const auto* mpi = dynamic_cast<const MpiBackend*>(backend.get());
   return mpi != nullptr ? mpi->mpi_comm() : MPI_COMM_NULL;
 }
 

@@ -23,7 +23,7 @@ namespace {
 // the watchdog's polling (comm/watchdog.hpp), stage 2's per-owner reduce of an 80M-element f32
 // model took 23.9 s at world 2, against 3.1 s for stage 1's all-reduce of the same gradients in
 // the same minutes. Its binomial tree (algorithm 2) sends each bucket in one message per round:
-// 1.6 s against 1.5 s (bench/README.md, "Stage 2's reduction"). Set before MPI_Init, where the
+// 1.6 s against 1.5 s (bench/MEASURED.md, "stage 2's MPI_Ireduce"). Set before MPI_Init, where the
 // MCA parameters are read; a value already in the environment (the user's, or mpirun --mca's)
 // wins, and MPIs other than Open MPI ignore the name. Where the caller initialises MPI, the
 // caller's environment decides.

@@ -1,4 +1,4 @@
-// src/comm/nccl/nccl_communicator.cpp — the Communicator over NCCL on device buffers: argument checks, enqueueing on the stream, split.
+// src/comm/nccl/nccl_communicator.cpp — the NCCL transport (CommBackend) on device buffers: argument checks, enqueueing on the stream, split.
 #include "comm/nccl/nccl_communicator.hpp"
 
 #include <cuda_runtime.h>
@@ -45,9 +45,9 @@ ncclRedOp_t nccl_reduction(DType dtype, ReduceOp op, int ranks, const char* name
   return nccl_op(op);
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclBackend final : public CommBackend {
  public:
-  explicit NcclCommunicator(std::shared_ptr<NcclState> state) : state_(std::move(state)) {}
+  explicit NcclBackend(std::shared_ptr<NcclState> state) : state_(std::move(state)) {}
 
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
@@ -198,7 +198,7 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  std::shared_ptr<Communicator> split(int color, int key) override;
+  std::shared_ptr<CommBackend> split(int color, int key) override;
 
  private:
   void check_count(int64_t count, const char* op) const {
@@ -264,7 +264,7 @@ ncclConfig_t nonblocking_config() {
   return config;
 }
 
-std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+std::shared_ptr<CommBackend> NcclBackend::split(int color, int key) {
   NcclState& s = *state_;
   s.check_usable("split");
   const DeviceGuard guard(s.device, s.rank);
@@ -304,17 +304,17 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   state->options = s.options;
   state->mpi_keepalive = s.mpi_keepalive;
   finish_nccl_state(*state);
-  return std::make_shared<NcclCommunicator>(std::move(state));
+  return std::make_shared<NcclBackend>(std::move(state));
 }
 
 std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<NcclState> state) {
-  return std::make_shared<NcclCommunicator>(std::move(state));
+  return std::make_shared<Communicator>(std::make_shared<NcclBackend>(std::move(state)));
 }
 
 }  // namespace comm
 
 void* nccl_stream(const Communicator& comm) {
-  const auto* nccl = dynamic_cast<const comm::NcclCommunicator*>(&comm);
+  const auto* nccl = dynamic_cast<const comm::NcclBackend*>(backend_of(comm).get());
   SHARDOPT_CHECK(nccl != nullptr, invalid_argument,
                  "nccl_stream: the communicator is a '{}' communicator, not nccl",
                  comm.backend_name());

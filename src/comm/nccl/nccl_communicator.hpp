@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "comm/nccl/nccl_state.hpp"
+#include "shardopt/comm_backend.hpp"
 #include "shardopt/communicator.hpp"
 
 namespace shardopt {

@@ -1,0 +1,27 @@
+// src/optim/muon_update.hpp — the update of one Muon matrix of this rank's shard: its scalars from the group's hyperparameters and shape, then the CPU kernel (or the device's).
+#pragma once
+
+#include "cpu/muon_cpu.hpp"
+#include "optim/shard_state.hpp"
+
+namespace shardopt {
+namespace optim {
+
+class MuonUpdate {
+ public:
+  MuonUpdate(const DeviceContext& dev, const OptimizerConfig& config, const ShardState& shard)
+      : dev_(dev), config_(config), shard_(shard) {}
+
+  // `run` is the whole of matrix `p` (Muon runs never merge, and a Muon matrix is never split
+  // between ranks); its momentum buffer is the shard's momentum state over the run.
+  void update(const UpdateRun& run, const ParamRecord& p, const Hyperparams& h, const kernels::GradTransform& transform);
+
+ private:
+  const DeviceContext& dev_;
+  const OptimizerConfig& config_;
+  const ShardState& shard_;
+  kernels::MuonWorkspace workspace_;  // grows to the largest matrix, then kept
+};
+
+}  // namespace optim
+}  // namespace shardopt
