@@ -1,7 +1,7 @@
 // bench/remote/remote_ps_bench.cpp — parameter-server benchmark: an embedding table on 1-2 owners, trainers pushing sparse row gradients through the RemoteOptimizer, against raw MPI send/recv of the same bytes in the same run; validates the table afterwards.
 //
 //   mpirun -n N shardopt-remote-bench [--rows R] [--dim D] [--owners O] [--batch B] [--pushes P]
-//                                     [--repeats K] [--pull]
+//                                     [--repeats K] [--pull] [--no-raw] [--split] [--threads T]
 //
 // Ranks 0..O-1 own the table (rows split evenly), the others train. Each repeat runs two phases,
 // each started by a barrier and timed on every trainer to its last answer:
@@ -40,7 +40,9 @@ struct Args {
   int pushes = 2000;
   int repeats = 3;
   bool pull = false;
-  bool raw = true;  // --no-raw: the remote phase only (profiling)
+  bool raw = true;     // --no-raw: the remote phase only (profiling)
+  bool split = false;  // --split: each trainer prints its push loop's and its step's seconds
+  int threads = 0;     // --threads: the owners' update threads (0: OpenMP's default)
 };
 
 Args parse(int argc, char** argv) {
@@ -56,6 +58,8 @@ Args parse(int argc, char** argv) {
     else if (key == "--repeats") a.repeats = std::stoi(next());
     else if (key == "--pull") a.pull = true;
     else if (key == "--no-raw") a.raw = false;
+    else if (key == "--split") a.split = true;
+    else if (key == "--threads") a.threads = std::stoi(next());
   }
   return a;
 }
@@ -142,7 +146,7 @@ double remote_phase(const Args& a, Communicator& comm, RemoteOptimizer& remote, 
     }
     const double pushed = seconds_since(start);
     remote.step(context);
-    if (std::getenv("BENCH_SPLIT") != nullptr) std::fprintf(stderr, "push loop %.4f s, step %.4f s\n", pushed, seconds_since(start) - pushed);
+    if (a.split) std::fprintf(stderr, "trainer %d: push loop %.4f s, step %.4f s\n", rank, pushed, seconds_since(start) - pushed);
   }
   return slowest(comm, rank < a.owners ? 0.0 : seconds_since(start));
 }
@@ -212,7 +216,7 @@ int main(int argc, char** argv) {
   options.trainer = rank >= a.owners;
   options.timeout_seconds = 300;
   options.context_expiry_seconds = 600;
-  if (std::getenv("BENCH_THREADS") != nullptr) options.cpu_threads = std::atoi(std::getenv("BENCH_THREADS"));
+  options.cpu_threads = a.threads;
   RemoteOptimizer remote(comm, groups, options);
 
   const double push_bytes = static_cast<double>(kHeaderBytes + a.batch * (8 + 4 * a.dim));
