@@ -47,6 +47,9 @@ from ._shardopt import (  # noqa: F401  (the public API)
     PendingCollective,
     PeriodicModelAverager,
     PostLocalSGDOptimizer,
+    RemoteOptimizer,
+    RemoteParam,
+    RemoteStep,
     Storage,
     ZeroOptimizer,
     default_hyperparams,
@@ -56,6 +59,7 @@ from ._shardopt import (  # noqa: F401  (the public API)
     nccl_world,
     periodic_averager,
     python_communicator,
+    remote_mpi_world,
     version,
 )
 

@@ -28,9 +28,10 @@ from ._torch_comm import torch_communicator
 from ._torch_overlap import (GradientBuckets, averaged_grads, hook_with_zero_step, hook_with_zero_step_interleaved,
                              warn_step_in_loop)
 from ._torch_options import MUON_KEYS, algorithm_for, check_group, hyperparams_of, torch_defaults
+from ._torch_rpc import DistributedOptimizer
 from ._torch_state import from_torch, to_torch
 
-__all__ = ["ZeroRedundancyOptimizer", "hook_with_zero_step", "hook_with_zero_step_interleaved"]
+__all__ = ["DistributedOptimizer", "ZeroRedundancyOptimizer", "hook_with_zero_step", "hook_with_zero_step_interleaved"]
 
 
 def launched_by_mpirun():

@@ -19,6 +19,7 @@
 #include "py_hyperparams.hpp"
 #include "py_hyperparams_view.hpp"
 #include "py_optimizer.hpp"
+#include "py_remote.hpp"
 #include "py_state_dict.hpp"
 #include "py_tensors.hpp"
 #include "shardopt/checkpoint.hpp"
@@ -385,5 +386,6 @@ NB_MODULE(_shardopt, m) {
 
   // Over the ZeroOptimizer and Communicator bound above.
   bind_averaging(m);
+  bind_remote(m);
 }
 

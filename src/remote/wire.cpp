@@ -1,0 +1,65 @@
+// src/remote/wire.cpp — the zero-copy send of a request: one hindexed datatype over the header and the caller's payload.
+#include "remote/wire.hpp"
+
+#include <climits>
+#include <mutex>
+
+#include "core/check.hpp"
+
+namespace shardopt {
+namespace remote {
+
+int start_send(PendingSend& send, const std::vector<std::pair<const void*, std::size_t>>& spans, int dest,
+               MPI_Comm comm) {
+  send.dest = dest;
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> places;
+  MPI_Aint address = 0;
+  MPI_Get_address(&send.header, &address);
+  lengths.push_back(static_cast<int>(sizeof(RequestHeader)));
+  places.push_back(address);
+  for (const auto& span : spans) {
+    if (span.second == 0) continue;
+    SHARDOPT_CHECK(span.second <= static_cast<std::size_t>(INT_MAX), unsupported,
+                   "RemoteOptimizer: one request carries {} bytes; over MPI a request carries at most {} (push in "
+                   "smaller parts)",
+                   span.second, INT_MAX);
+    MPI_Get_address(span.first, &address);
+    lengths.push_back(static_cast<int>(span.second));
+    places.push_back(address);
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  int code = MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), places.data(), MPI_BYTE, &type);
+  if (code != MPI_SUCCESS) return code;
+  code = MPI_Type_commit(&type);
+  if (code == MPI_SUCCESS) code = MPI_Isend(MPI_BOTTOM, 1, type, dest, kRequestTag, comm, &send.request);
+  // Freeing a datatype that a pending send uses is allowed: MPI keeps it until the send ends.
+  MPI_Type_free(&type);
+  return code;
+}
+
+namespace {
+struct Abandoned {
+  std::mutex mutex;
+  std::vector<std::vector<char>> buffers;
+  std::vector<std::unique_ptr<PendingSend>> sends;
+};
+// Never destroyed: MPI may touch these until it is finalised at exit.
+Abandoned& abandoned() {
+  static Abandoned* held = new Abandoned;
+  return *held;
+}
+}  // namespace
+
+void abandon(std::vector<char> bytes) {
+  std::lock_guard<std::mutex> lock(abandoned().mutex);
+  abandoned().buffers.push_back(std::move(bytes));
+}
+
+void abandon(std::unique_ptr<PendingSend> send) {
+  std::lock_guard<std::mutex> lock(abandoned().mutex);
+  abandoned().sends.push_back(std::move(send));
+}
+
+}  // namespace remote
+}  // namespace shardopt
