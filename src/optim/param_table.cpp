@@ -238,16 +238,6 @@ Hyperparams ParamTable::defaults_for(Algorithm algorithm) const {
   return defaults_explicit_ ? defaults_ : default_hyperparams(algorithm);
 }
 
-partition::ParamInfo layout_info(int64_t numel, int32_t group, bool trainable, Algorithm algorithm,
-                                 const std::vector<int64_t>& shape, const Hyperparams& group_hyper) {
-  partition::ParamInfo info{numel, group, trainable};
-  if (algorithm == Algorithm::muon && shape.size() == 2) {
-    info.whole = true;
-    info.cost = partition::newton_schulz_cost(shape[0], shape[1], group_hyper.ns_steps);
-  }
-  return info;
-}
-
 std::vector<partition::ParamInfo> ParamTable::infos() const {
   std::vector<partition::ParamInfo> infos;
   infos.reserve(params_.size());
