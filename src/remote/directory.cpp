@@ -85,7 +85,7 @@ std::vector<std::string> all_gather_text(Communicator& comm, const std::string& 
   comm.all_gather(&length, lengths.data(), sizeof(int64_t), DType::byte);
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   std::vector<char> send(static_cast<std::size_t>(longest), '\0');
-  std::memcpy(send.data(), mine.data(), mine.size());
+  if (!mine.empty()) std::memcpy(send.data(), mine.data(), mine.size());
   std::vector<char> all(static_cast<std::size_t>(longest * n));
   comm.all_gather(send.data(), all.data(), longest, DType::byte);
   std::vector<std::string> texts;

@@ -187,7 +187,7 @@ void Service::handle_step(int source, const RequestHeader& h, const char* payloa
     return;
   }
   step.touched.resize(static_cast<std::size_t>(h.count));
-  std::memcpy(step.touched.data(), payload, bytes);
+  if (bytes > 0) std::memcpy(step.touched.data(), payload, bytes);  // a step of no ids sends no payload (null)
   auto found = contexts_.find({source, h.context});
   if (found != contexts_.end()) found->second.stepped = true;
   if (!deterministic()) {

@@ -382,7 +382,7 @@ void Trainer::pull_rows(const RemoteParam& param, const int64_t* rows, int64_t c
     request->header.request_id = request_id;
     request->header.count = static_cast<int64_t>(mine.size());
     request->packed.resize(mine.size() * sizeof(int64_t));
-    std::memcpy(request->packed.data(), mine.data(), request->packed.size());
+    if (!mine.empty()) std::memcpy(request->packed.data(), mine.data(), request->packed.size());
     const int code = start_send(*request, {{request->packed.data(), request->packed.size()}}, s.owner, comm_);
     SHARDOPT_CHECK(code == MPI_SUCCESS, comm, "RemoteOptimizer::pull_rows: sending to owner rank {} failed: {}",
                    s.owner, comm::mpi_error_string(code));
