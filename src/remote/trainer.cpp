@@ -37,10 +37,9 @@ Exchange::~Exchange() {
 
 namespace {
 
-// comm::poll_until's schedule (a 200 us spin, then sleeps doubling from 20 us to 1 ms), except
-// that any progress (`progress()` grew) starts the spin again, and the spin does not yield: a
-// trainer's large pushes travel only while it calls MPI (rendezvous), so it must not sleep
-// while they are moving.
+// comm::poll_until's schedule (a 200 us spin that yields, then sleeps doubling from 20 us to
+// 1 ms), except that any progress (`progress()` grew) starts the spin again: a trainer's large
+// pushes travel only while it calls MPI (rendezvous), so it must not sleep while they move.
 template <typename Done, typename Progress>
 bool poll_with_progress(const comm::Deadline& deadline, const Done& done, const Progress& progress) {
   using std::chrono::microseconds;
@@ -57,7 +56,10 @@ bool poll_with_progress(const comm::Deadline& deadline, const Done& done, const 
       sleep = microseconds{20};
     }
     if (std::chrono::duration<double>(comm::WatchdogClock::now() - quiet_since).count() < 200e-6) {
-      continue;  // moving: test again at once (a yield on a busy machine can cost a time slice)
+      // Moving: test again soon, but yield first: where cores are fewer than threads, the
+      // owner's service thread (on which every push waits) needs the core more than we do.
+      std::this_thread::yield();
+      continue;
     }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, microseconds{1000});

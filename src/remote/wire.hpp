@@ -55,8 +55,10 @@ struct PendingSend {
   MPI_Request request = MPI_REQUEST_NULL;
   RequestHeader header;
   int dest = -1;
-  std::vector<char> packed;  // payload gathered from several places, when it had to be
+  std::vector<char> packed;  // payload gathered from several places, or the whole packed request
 };
+
+constexpr std::size_t kPackedBytes = 1 << 20;  // requests up to this size are sent from one copy
 
 // Starts `send` (its header, then `spans` of bytes in order) to `dest`; the PendingSend must
 // stay where it is until the request completes. Returns MPI's code.
