@@ -7,6 +7,7 @@
 
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
+#include "remote/staging.hpp"
 
 namespace shardopt {
 namespace remote {
@@ -121,7 +122,10 @@ OwnerStore::OwnerStore(const Directory& directory, const std::vector<OwnedEntry>
     s.algorithm = e.algorithm;
     s.hyper = e.hyper;
     s.values.assign(static_cast<std::size_t>(s.numel()), 0.f);
-    if (initial[i] != nullptr) std::memcpy(s.values.data(), initial[i], s.values.size() * sizeof(float));
+    if (initial[i] != nullptr) {  // host memory, or CUDA device memory copied through the host
+      const HostView host(initial[i], s.values.size() * sizeof(float), fmt::format("the initial values of '{}'", e.name));
+      std::memcpy(s.values.data(), host.data(), s.values.size() * sizeof(float));
+    }
     index_[static_cast<std::size_t>(s.param)] = static_cast<int32_t>(slices_.size());
     slices_.push_back(std::move(s));
   }

@@ -11,7 +11,7 @@ namespace shardopt {
 namespace remote {
 
 int start_send(PendingSend& send, const std::vector<std::pair<const void*, std::size_t>>& spans, int dest,
-               MPI_Comm comm) {
+               MPI_Comm comm, bool pack) {
   send.dest = dest;
   // Up to kPackedBytes, the header and payload are copied into one contiguous buffer: Open MPI
   // moves a contiguous message in one copy by the receiver alone (single-copy, CMA), while a
@@ -19,7 +19,11 @@ int start_send(PendingSend& send, const std::vector<std::pair<const void*, std::
   // busy machine that wait was most of a push's time.
   std::size_t total = sizeof(RequestHeader);
   for (const auto& span : spans) total += span.second;
-  if (total <= kPackedBytes) {
+  if (total <= kPackedBytes || pack) {
+    SHARDOPT_CHECK(total <= static_cast<std::size_t>(INT_MAX), unsupported,
+                   "RemoteOptimizer: one request carries {} bytes; over MPI a request carries at most {} (push in "
+                   "smaller parts)",
+                   total, INT_MAX);
     std::vector<char> packed(total);
     std::memcpy(packed.data(), &send.header, sizeof(RequestHeader));
     std::size_t at = sizeof(RequestHeader);
