@@ -175,17 +175,19 @@ void OwnerStore::add_rows(OwnerContext& context, const RequestHeader& h, const i
     }
     return;
   }
+  if (h.count == 0) return;  // the parameter counts as pushed (an entry), with no rows
   // Two passes: first every row's place in the sum (new rows appended; the row table's loads,
   // prefetched ahead, are the random accesses), then the adds, in push order.
-  if (h.count > 0 && sum.slot == nullptr) sum.row(s, rows[0]);  // the row table, and the first row
+  if (sum.slot == nullptr) sum.row(s, rows[0]);  // the row table, and the first row
   SHARDOPT_CHECK(sum.rows.size() + static_cast<std::size_t>(h.count) < static_cast<std::size_t>(INT32_MAX - 1),
                  unsupported, "push_rows: a context holds more than {} distinct rows of one parameter", INT32_MAX - 1);
   at_.resize(static_cast<std::size_t>(h.count));
-  int32_t* slot = sum.slot - s.row_begin;
+  int32_t* slot = sum.slot;  // indexed by row - row_begin
+  const int64_t first = s.row_begin;
   constexpr int64_t kAhead = 16;
   for (int64_t i = 0; i < h.count; ++i) {
-    if (i + kAhead < h.count) __builtin_prefetch(slot + rows[i + kAhead], 1);
-    int32_t& at = slot[rows[i]];
+    if (i + kAhead < h.count) __builtin_prefetch(slot + (rows[i + kAhead] - first), 1);
+    int32_t& at = slot[rows[i] - first];
     if (at == 0) {
       sum.rows.push_back(rows[i]);
       at = static_cast<int32_t>(sum.rows.size());
@@ -250,19 +252,17 @@ void OwnerStore::update_rows(OwnedSlice& s, const ParamSum& sum) {
   const std::size_t count = sum.rows.size();
   const std::size_t block = std::max<std::size_t>(1, (64 << 10) / row_bytes);  // ~64 kB of rows
   rows_in_.resize(std::min(count, block) * static_cast<std::size_t>(s.row_size));
-  float* table = s.values.data() - s.row_begin * s.row_size;
+  const auto row_of = [&](std::size_t k) { return s.values.data() + (sum.rows[k] - s.row_begin) * s.row_size; };
   for (std::size_t first = 0; first < count; first += block) {
     const std::size_t n = std::min(block, count - first);
     for (std::size_t k = 0; k < n; ++k) {
-      if (first + k + 16 < count) __builtin_prefetch(table + sum.rows[first + k + 16] * s.row_size, 1);
-      std::memcpy(rows_in_.data() + static_cast<int64_t>(k) * s.row_size, table + sum.rows[first + k] * s.row_size,
-                  row_bytes);
+      if (first + k + 16 < count) __builtin_prefetch(row_of(first + k + 16), 1);
+      std::memcpy(rows_in_.data() + static_cast<int64_t>(k) * s.row_size, row_of(first + k), row_bytes);
     }
     kernels::sgd_update_cpu(rows_in_.data(), sum.values.data() + first * static_cast<std::size_t>(s.row_size), nullptr,
                             static_cast<int64_t>(n) * s.row_size, scalars, 1);
     for (std::size_t k = 0; k < n; ++k) {
-      std::memcpy(table + sum.rows[first + k] * s.row_size, rows_in_.data() + static_cast<int64_t>(k) * s.row_size,
-                  row_bytes);
+      std::memcpy(row_of(first + k), rows_in_.data() + static_cast<int64_t>(k) * s.row_size, row_bytes);
     }
   }
   ++s.step;

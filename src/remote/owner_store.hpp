@@ -61,8 +61,10 @@ struct ParamSum {
 
 // Buffers of sums that were applied or dropped, kept for the next contexts: a context then
 // neither faults in fresh pages nor grows its rows by copying (both cost more than the sums).
-// At most kKept of each kind are kept; a row table goes back all zero (its pushed rows
-// cleared), so taking one costs nothing.
+// At most kKept of each kind are kept (so an owner holds, beyond its open contexts, at most 4
+// row tables of 4 bytes per row of a slice and 4 row buffers, each as large as the rows one
+// context pushed), until the optimizer is destroyed; a row table goes back all zero (its pushed
+// rows cleared), so taking one costs nothing.
 class SumPool {
  public:
   static constexpr std::size_t kKept = 4;
