@@ -13,10 +13,10 @@ namespace remote {
 int start_send(PendingSend& send, const std::vector<std::pair<const void*, std::size_t>>& spans, int dest,
                MPI_Comm comm, bool pack) {
   send.dest = dest;
-  // Up to kPackedBytes, the header and payload are copied into one contiguous buffer: Open MPI
-  // moves a contiguous message in one copy by the receiver alone (single-copy, CMA), while a
-  // gathered (hindexed) one travels in fragments that wait on the sender's own MPI calls; on a
-  // busy machine that wait was most of a push's time.
+  // Up to kPackedBytes, the header and payload are copied into one contiguous buffer (a few
+  // microseconds for a typical push): no derived datatype is built per push, Open MPI can move a
+  // contiguous message with a single copy by the receiver, and the caller's buffers are free
+  // of MPI at once. Larger requests are sent from the caller's memory (hindexed, no copy).
   std::size_t total = sizeof(RequestHeader);
   for (const auto& span : spans) total += span.second;
   if (total <= kPackedBytes || pack) {
