@@ -23,7 +23,9 @@ struct RemoteParamSpec {
   int64_t row_size = 1;
   int64_t row_begin = 0;
   int64_t row_end = -1;           // -1: rows (the whole parameter)
-  const float* initial = nullptr;  // (row_end - row_begin) * row_size values, copied; null: zeros
+  // (row_end - row_begin) * row_size values, copied (from host or, in a CUDA build, CUDA device
+  // memory); null: zeros
+  const float* initial = nullptr;
 };
 
 struct RemoteGroupSpec {
@@ -132,6 +134,8 @@ class SHARDOPT_API RemoteOptimizer {
   std::vector<std::array<int64_t, 3>> owners(const RemoteParam& param) const;
 
   // ---- trainer calls (this rank constructed with options.trainer) ----
+  // Their buffers may be host memory or, in a build with CUDA, CUDA device memory, which is
+  // copied through host memory when the call is made (see docs/remote.md).
   // A new gradient context. Error(invalid_argument) when max_open_contexts are open.
   RemoteContext open_context();
   // Adds `numel` values (the whole parameter, row-major) to the context's gradient of `param`

@@ -7,18 +7,27 @@
 
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
+#include "remote/staging.hpp"
 
 namespace shardopt {
 namespace remote {
 
+ParamSum::~ParamSum() {
+  if (pool != nullptr) pool->give(*this);
+  std::free(slot);
+}
+
 float* ParamSum::row(const OwnedSlice& s, int64_t r) {
   if (dense) return values.data() + (r - s.row_begin) * s.row_size;
-  if (!slot) {
-    slot.reset(static_cast<int32_t*>(std::calloc(static_cast<std::size_t>(s.row_end - s.row_begin), sizeof(int32_t))));
+  if (slot == nullptr) {
+    slot_count = s.row_end - s.row_begin;
+    slot_base = s.row_begin;
+    slot = pool != nullptr ? pool->take_slots(slot_count)
+                           : static_cast<int32_t*>(std::calloc(static_cast<std::size_t>(slot_count), sizeof(int32_t)));
     SHARDOPT_CHECK(slot != nullptr, out_of_memory, "push_rows: {} bytes for the rows index of a context",
-                   (s.row_end - s.row_begin) * 4);
+                   slot_count * 4);
   }
-  int32_t& at = slot.get()[r - s.row_begin];
+  int32_t& at = slot[r - s.row_begin];
   if (at != 0) return values.data() + static_cast<int64_t>(at - 1) * s.row_size;
   SHARDOPT_CHECK(rows.size() < static_cast<std::size_t>(INT32_MAX - 1), unsupported,
                  "push_rows: a context holds more than {} distinct rows of one parameter", INT32_MAX - 1);
@@ -35,10 +44,58 @@ void ParamSum::make_dense(const OwnedSlice& s) {
     std::memcpy(full.data() + (rows[k] - s.row_begin) * s.row_size, values.data() + static_cast<int64_t>(k) * s.row_size,
                 static_cast<std::size_t>(s.row_size) * sizeof(float));
   }
+  if (pool != nullptr) pool->give(*this);  // the sparse buffers, now unused
+  std::free(slot);
+  slot = nullptr;
   values = std::move(full);
   rows.clear();
-  slot.reset();
   dense = true;
+}
+
+SumPool::~SumPool() {
+  for (auto& s : slots_) std::free(s.first);
+}
+
+int32_t* SumPool::take_slots(int64_t count) {
+  for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+    if (it->second != count) continue;
+    int32_t* slot = it->first;
+    slots_.erase(it);
+    return slot;
+  }
+  return static_cast<int32_t*>(std::calloc(static_cast<std::size_t>(count), sizeof(int32_t)));
+}
+
+std::vector<float> SumPool::take_values() {
+  if (values_.empty()) return {};
+  std::vector<float> v = std::move(values_.back());
+  values_.pop_back();
+  return v;
+}
+
+std::vector<int64_t> SumPool::take_rows() {
+  if (rows_.empty()) return {};
+  std::vector<int64_t> v = std::move(rows_.back());
+  rows_.pop_back();
+  return v;
+}
+
+void SumPool::give(ParamSum& sum) {
+  if (sum.slot != nullptr && slots_.size() < kKept) {
+    for (int64_t r : sum.rows) sum.slot[r - sum.slot_base] = 0;  // back to all zero
+    slots_.emplace_back(sum.slot, sum.slot_count);
+    sum.slot = nullptr;
+  }
+  if (!sum.dense && sum.values.capacity() > 0 && values_.size() < kKept) {
+    sum.values.clear();
+    values_.push_back(std::move(sum.values));
+  }
+  if (sum.rows.capacity() > 0 && rows_.size() < kKept) {
+    sum.rows.clear();
+    rows_.push_back(std::move(sum.rows));
+  }
+  sum.values = {};
+  sum.rows = {};
 }
 
 int64_t ParamSum::bytes() const {
@@ -65,7 +122,10 @@ OwnerStore::OwnerStore(const Directory& directory, const std::vector<OwnedEntry>
     s.algorithm = e.algorithm;
     s.hyper = e.hyper;
     s.values.assign(static_cast<std::size_t>(s.numel()), 0.f);
-    if (initial[i] != nullptr) std::memcpy(s.values.data(), initial[i], s.values.size() * sizeof(float));
+    if (initial[i] != nullptr) {  // host memory, or CUDA device memory copied through the host
+      const HostView host(initial[i], s.values.size() * sizeof(float), fmt::format("the initial values of '{}'", e.name));
+      std::memcpy(s.values.data(), host.data(), s.values.size() * sizeof(float));
+    }
     index_[static_cast<std::size_t>(s.param)] = static_cast<int32_t>(slices_.size());
     slices_.push_back(std::move(s));
   }
@@ -102,10 +162,46 @@ void OwnerStore::add_rows(OwnerContext& context, const RequestHeader& h, const i
                    "push_rows: row {} is not among this owner's rows [{}, {})", rows[i], s.row_begin, s.row_end);
   }
   ParamSum& sum = context.sums[h.param];
+  if (sum.pool == nullptr && !sum.dense) {  // new: its buffers from those of applied contexts
+    sum.pool = &pool_;
+    sum.values = pool_.take_values();
+    sum.rows = pool_.take_rows();
+  }
+  if (sum.dense) {
+    for (int64_t i = 0; i < h.count; ++i) {
+      float* row = sum.row(s, rows[i]);
+      const float* in = values + i * s.row_size;
+      for (int64_t j = 0; j < s.row_size; ++j) row[j] += in[j];
+    }
+    return;
+  }
+  if (h.count == 0) return;  // the parameter counts as pushed (an entry), with no rows
+  // Two passes: first every row's place in the sum (new rows appended; the row table's loads,
+  // prefetched ahead, are the random accesses), then the adds, in push order.
+  if (sum.slot == nullptr) sum.row(s, rows[0]);  // the row table, and the first row
+  SHARDOPT_CHECK(sum.rows.size() + static_cast<std::size_t>(h.count) < static_cast<std::size_t>(INT32_MAX - 1),
+                 unsupported, "push_rows: a context holds more than {} distinct rows of one parameter", INT32_MAX - 1);
+  at_.resize(static_cast<std::size_t>(h.count));
+  int32_t* slot = sum.slot;  // indexed by row - row_begin
+  const int64_t first = s.row_begin;
+  constexpr int64_t kAhead = 16;
   for (int64_t i = 0; i < h.count; ++i) {
-    float* row = sum.row(s, rows[i]);
-    const float* in = values + i * s.row_size;
-    for (int64_t j = 0; j < s.row_size; ++j) row[j] += in[j];
+    if (i + kAhead < h.count) __builtin_prefetch(slot + (rows[i + kAhead] - first), 1);
+    int32_t& at = slot[rows[i] - first];
+    if (at == 0) {
+      sum.rows.push_back(rows[i]);
+      at = static_cast<int32_t>(sum.rows.size());
+    }
+    at_[static_cast<std::size_t>(i)] = at - 1;
+  }
+  sum.values.resize(sum.rows.size() * static_cast<std::size_t>(s.row_size), 0.f);
+  float* base = sum.values.data();
+  const int64_t n = s.row_size;
+  for (int64_t i = 0; i < h.count; ++i) {
+    if (i + kAhead < h.count) __builtin_prefetch(base + at_[static_cast<std::size_t>(i + kAhead)] * n, 1);
+    float* row = base + at_[static_cast<std::size_t>(i)] * n;
+    const float* in = values + i * n;
+    for (int64_t j = 0; j < n; ++j) row[j] += in[j];
   }
 }
 
@@ -146,21 +242,28 @@ void OwnerStore::apply(const OwnerContext* context, const int32_t* touched, int6
   }
 }
 
+// In blocks of rows: each block's parameter rows are gathered (prefetched ahead), updated by the
+// fused kernel (elementwise, so blocking changes no bit), and written back while still in cache.
 void OwnerStore::update_rows(OwnedSlice& s, const ParamSum& sum) {
   const std::size_t row_bytes = static_cast<std::size_t>(s.row_size) * sizeof(float);
-  rows_in_.resize(sum.values.size());
-  for (std::size_t k = 0; k < sum.rows.size(); ++k) {
-    std::memcpy(rows_in_.data() + static_cast<int64_t>(k) * s.row_size,
-                s.values.data() + (sum.rows[k] - s.row_begin) * s.row_size, row_bytes);
-  }
   const Hyperparams& h = s.hyper;
   const kernels::SgdScalars scalars =
       kernels::make_sgd_scalars(h.lr, 0.0, h.dampening, 0.0, h.nesterov, h.maximize, !s.has_momentum_buffer);
-  kernels::sgd_update_cpu(rows_in_.data(), sum.values.data(), nullptr, static_cast<int64_t>(rows_in_.size()), scalars,
-                          threads_);
-  for (std::size_t k = 0; k < sum.rows.size(); ++k) {
-    std::memcpy(s.values.data() + (sum.rows[k] - s.row_begin) * s.row_size,
-                rows_in_.data() + static_cast<int64_t>(k) * s.row_size, row_bytes);
+  const std::size_t count = sum.rows.size();
+  const std::size_t block = std::max<std::size_t>(1, (64 << 10) / row_bytes);  // ~64 kB of rows
+  rows_in_.resize(std::min(count, block) * static_cast<std::size_t>(s.row_size));
+  const auto row_of = [&](std::size_t k) { return s.values.data() + (sum.rows[k] - s.row_begin) * s.row_size; };
+  for (std::size_t first = 0; first < count; first += block) {
+    const std::size_t n = std::min(block, count - first);
+    for (std::size_t k = 0; k < n; ++k) {
+      if (first + k + 16 < count) __builtin_prefetch(row_of(first + k + 16), 1);
+      std::memcpy(rows_in_.data() + static_cast<int64_t>(k) * s.row_size, row_of(first + k), row_bytes);
+    }
+    kernels::sgd_update_cpu(rows_in_.data(), sum.values.data() + first * static_cast<std::size_t>(s.row_size), nullptr,
+                            static_cast<int64_t>(n) * s.row_size, scalars, 1);
+    for (std::size_t k = 0; k < n; ++k) {
+      std::memcpy(row_of(first + k), rows_in_.data() + static_cast<int64_t>(k) * s.row_size, row_bytes);
+    }
   }
   ++s.step;
 }

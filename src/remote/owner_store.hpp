@@ -34,19 +34,53 @@ struct OwnedSlice {
   int64_t first_element() const { return row_begin * row_size; }
 };
 
+class SumPool;
+
 // The f32 sum of what a context pushed for one parameter, over this owner's rows: every element
 // starts at 0 and adds each push in order. Sparse (the rows pushed, in first-push order) until a
-// dense push makes it dense, so a context holds what was pushed, not the whole table.
+// dense push makes it dense, so a context holds what was pushed, not the whole table. Its
+// buffers come from, and go back to, the owner's SumPool.
 struct ParamSum {
   bool dense = false;
   std::vector<float> values;               // dense: the slice; sparse: rows.size() rows
   std::vector<int64_t> rows;               // sparse: global rows, in first-push order
-  // sparse: per row of the slice, 1 + its index in rows (0: not pushed). calloc'd, so the OS
-  // hands out zero pages only where rows are pushed: no pass over the table per context.
-  std::unique_ptr<int32_t, void (*)(void*)> slot{nullptr, std::free};
+  // sparse: per row of the slice, 1 + its index in rows (0: not pushed); null until a row is.
+  int32_t* slot = nullptr;
+  int64_t slot_count = 0;
+  int64_t slot_base = 0;  // the slice's first row
+  SumPool* pool = nullptr;
+
+  ParamSum() = default;
+  ParamSum(const ParamSum&) = delete;
+  ParamSum& operator=(const ParamSum&) = delete;
+  ~ParamSum();
   float* row(const OwnedSlice& s, int64_t r);  // the row's sum, created at zero when new
   void make_dense(const OwnedSlice& s);
   int64_t bytes() const;
+};
+
+// Buffers of sums that were applied or dropped, kept for the next contexts: a context then
+// neither faults in fresh pages nor grows its rows by copying (both cost more than the sums).
+// At most kKept of each kind are kept (so an owner holds, beyond its open contexts, at most 4
+// row tables of 4 bytes per row of a slice and 4 row buffers, each as large as the rows one
+// context pushed), until the optimizer is destroyed; a row table goes back all zero (its pushed
+// rows cleared), so taking one costs nothing.
+class SumPool {
+ public:
+  static constexpr std::size_t kKept = 4;
+  SumPool() = default;
+  SumPool(const SumPool&) = delete;
+  SumPool& operator=(const SumPool&) = delete;
+  ~SumPool();
+  int32_t* take_slots(int64_t count);  // zeroed; Error(out_of_memory) when none can be had
+  std::vector<float> take_values();    // empty, with the capacity it had
+  std::vector<int64_t> take_rows();
+  void give(ParamSum& sum);            // takes its buffers (the row table's pushed rows cleared)
+
+ private:
+  std::vector<std::pair<int32_t*, int64_t>> slots_;
+  std::vector<std::vector<float>> values_;
+  std::vector<std::vector<int64_t>> rows_;
 };
 
 // One trainer's context as this owner holds it: the f32 sums of what was pushed into it.
@@ -89,6 +123,8 @@ class OwnerStore {
   std::vector<int32_t> index_;  // directory id -> slices_ index, -1 when not owned
   std::vector<float> zeros_;    // a gradient of zeros (grown as needed)
   std::vector<float> rows_in_;  // update_rows' gathered parameter rows
+  std::vector<int32_t> at_;     // add_rows: each pushed row's place in the sum
+  SumPool pool_;
   int threads_;
 };
 

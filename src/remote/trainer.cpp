@@ -8,6 +8,7 @@
 #include "comm/mpi/mpi_runtime.hpp"
 #include "comm/watchdog.hpp"
 #include "core/check.hpp"
+#include "remote/staging.hpp"
 
 namespace shardopt {
 namespace remote {
@@ -37,10 +38,9 @@ Exchange::~Exchange() {
 
 namespace {
 
-// comm::poll_until's schedule (a 200 us spin, then sleeps doubling from 20 us to 1 ms), except
-// that any progress (`progress()` grew) starts the spin again, and the spin does not yield: a
-// trainer's large pushes travel only while it calls MPI (rendezvous), so it must not sleep
-// while they are moving.
+// comm::poll_until's schedule (a 200 us spin that yields, then sleeps doubling from 20 us to
+// 1 ms), except that any progress (`progress()` grew) starts the spin again: a trainer's large
+// pushes travel only while it calls MPI (rendezvous), so it must not sleep while they move.
 template <typename Done, typename Progress>
 bool poll_with_progress(const comm::Deadline& deadline, const Done& done, const Progress& progress) {
   using std::chrono::microseconds;
@@ -57,7 +57,10 @@ bool poll_with_progress(const comm::Deadline& deadline, const Done& done, const 
       sleep = microseconds{20};
     }
     if (std::chrono::duration<double>(comm::WatchdogClock::now() - quiet_since).count() < 200e-6) {
-      continue;  // moving: test again at once (a yield on a busy machine can cost a time slice)
+      // Moving: test again soon, but yield first: where cores are fewer than threads, the
+      // owner's service thread (on which every push waits) needs the core more than we do.
+      std::this_thread::yield();
+      continue;
     }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, microseconds{1000});
@@ -177,8 +180,8 @@ void Trainer::forget_completed(Context& context) {
 }
 
 void Trainer::send(Context& context, std::unique_ptr<PendingSend> send,
-                   const std::vector<std::pair<const void*, std::size_t>>& spans, int owner) {
-  const int code = start_send(*send, spans, owner, comm_);
+                   const std::vector<std::pair<const void*, std::size_t>>& spans, int owner, bool pack) {
+  const int code = start_send(*send, spans, owner, comm_, pack);
   SHARDOPT_CHECK(code == MPI_SUCCESS, comm, "RemoteOptimizer: sending to owner rank {} failed: {}", owner,
                  comm::mpi_error_string(code));
   context.sends.push_back(std::move(send));
@@ -219,6 +222,10 @@ void Trainer::push(RemoteContext context, const RemoteParam& param, const float*
                  "RemoteOptimizer::push: '{}' has {} elements ({} rows of {}), the gradient {}", p.name,
                  p.rows * p.row_size, p.rows, p.row_size, numel);
   SHARDOPT_CHECK(grad != nullptr, invalid_argument, "RemoteOptimizer::push: the gradient of '{}' is null", p.name);
+  // A gradient in CUDA device memory is copied to the host now, and each request packs its part.
+  const HostView host(grad, static_cast<std::size_t>(numel) * sizeof(float),
+                      fmt::format("the gradient of '{}' pushed", p.name));
+  grad = static_cast<const float*>(host.data());
   for (const Slice& s : p.slices) {
     auto request = std::make_unique<PendingSend>();
     request->header.kind = RequestKind::push_dense;
@@ -229,7 +236,7 @@ void Trainer::push(RemoteContext context, const RemoteParam& param, const float*
     request->header.count = (s.row_end - s.row_begin) * p.row_size;
     const float* from = grad + request->header.offset;
     const std::size_t bytes = static_cast<std::size_t>(request->header.count) * sizeof(float);
-    send(c, std::move(request), {{from, bytes}}, s.owner);
+    send(c, std::move(request), {{from, bytes}}, s.owner, host.copied());
   }
   c.touched.insert(param.id);
 }
@@ -242,6 +249,15 @@ void Trainer::push_rows(RemoteContext context, const RemoteParam& param, const i
   SHARDOPT_CHECK(count >= 0, invalid_argument, "RemoteOptimizer::push_rows: negative row count {}", count);
   SHARDOPT_CHECK(count == 0 || (rows != nullptr && values != nullptr), invalid_argument,
                  "RemoteOptimizer::push_rows: null rows or values for '{}'", p.name);
+  // Rows or values in CUDA device memory are copied to the host now (the rows are checked
+  // here), and each request packs its part.
+  const HostView host_rows(rows, static_cast<std::size_t>(count) * sizeof(int64_t),
+                           fmt::format("the rows pushed to '{}'", p.name));
+  const HostView host_values(values, static_cast<std::size_t>(count * p.row_size) * sizeof(float),
+                             fmt::format("the row values pushed to '{}'", p.name));
+  rows = static_cast<const int64_t*>(host_rows.data());
+  values = static_cast<const float*>(host_values.data());
+  const bool pack = host_rows.copied() || host_values.copied();
   for (int64_t i = 0; i < count; ++i) {
     SHARDOPT_CHECK(rows[i] >= 0 && rows[i] < p.rows, invalid_argument,
                    "RemoteOptimizer::push_rows: row {} (index {}) is out of range for '{}', which has {} rows", rows[i],
@@ -257,7 +273,7 @@ void Trainer::push_rows(RemoteContext context, const RemoteParam& param, const i
     if (p.slices.size() == 1) {
       request->header.count = count;
       const std::size_t n = static_cast<std::size_t>(count);
-      send(c, std::move(request), {{rows, n * sizeof(int64_t)}, {values, n * row_bytes}}, s.owner);
+      send(c, std::move(request), {{rows, n * sizeof(int64_t)}, {values, n * row_bytes}}, s.owner, pack);
       continue;
     }
     // Rows of several owners: gather this owner's indices, then its rows, in push order.
@@ -278,7 +294,7 @@ void Trainer::push_rows(RemoteContext context, const RemoteParam& param, const i
     request->header.count = mine;
     const void* start = packed.data();
     const std::size_t size = packed.size();
-    send(c, std::move(request), {{start, size}}, s.owner);
+    send(c, std::move(request), {{start, size}}, s.owner, false);  // packed already
   }
   c.touched.insert(param.id);
 }
@@ -344,8 +360,9 @@ void Trainer::pull(const RemoteParam& param, float* out, int64_t numel) {
   exchange.finish();
   for (std::size_t i = 0; i < p.slices.size(); ++i) {
     const Slice& s = p.slices[i];
-    std::memcpy(out + s.row_begin * p.row_size, exchange.data(i),
-                static_cast<std::size_t>((s.row_end - s.row_begin) * p.row_size) * sizeof(float));
+    copy_from_host(out + s.row_begin * p.row_size, exchange.data(i),
+                   static_cast<std::size_t>((s.row_end - s.row_begin) * p.row_size) * sizeof(float),
+                   fmt::format("the pulled values of '{}'", p.name));
   }
 }
 
@@ -354,6 +371,9 @@ void Trainer::pull_rows(const RemoteParam& param, const int64_t* rows, int64_t c
   const DirectoryParam& p = directory_.checked(param, "pull_rows");
   SHARDOPT_CHECK(count >= 0 && (count == 0 || (rows != nullptr && out != nullptr)), invalid_argument,
                  "RemoteOptimizer::pull_rows: bad rows for '{}' (count {}, or a null buffer)", p.name, count);
+  const HostView host_rows(rows, static_cast<std::size_t>(count) * sizeof(int64_t),
+                           fmt::format("the rows pulled from '{}'", p.name));
+  rows = static_cast<const int64_t*>(host_rows.data());
   for (int64_t i = 0; i < count; ++i) {
     SHARDOPT_CHECK(rows[i] >= 0 && rows[i] < p.rows, invalid_argument,
                    "RemoteOptimizer::pull_rows: row {} (index {}) is out of range for '{}', which has {} rows", rows[i],
@@ -393,10 +413,20 @@ void Trainer::pull_rows(const RemoteParam& param, const int64_t* rows, int64_t c
   lock.unlock();
   exchange.finish();
   const std::size_t row_bytes = static_cast<std::size_t>(p.row_size) * sizeof(float);
+  // Output in CUDA device memory: the rows are placed on the host, then copied in one go.
+  std::vector<float> staged;
+  float* place = out;
+  if (in_device_memory(out)) {
+    staged.resize(static_cast<std::size_t>(count * p.row_size));
+    place = staged.data();
+  }
   for (std::size_t k = 0; k < positions.size(); ++k) {
     for (std::size_t j = 0; j < positions[k].size(); ++j) {
-      std::memcpy(out + positions[k][j] * p.row_size, exchange.data(k) + j * row_bytes, row_bytes);
+      std::memcpy(place + positions[k][j] * p.row_size, exchange.data(k) + j * row_bytes, row_bytes);
     }
+  }
+  if (place != out) {
+    copy_from_host(out, staged.data(), staged.size() * sizeof(float), fmt::format("the rows pulled from '{}'", p.name));
   }
 }
 

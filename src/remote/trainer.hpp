@@ -60,7 +60,7 @@ class Trainer {
   };
   Context& open(RemoteContext context, const char* call);
   void send(Context& context, std::unique_ptr<PendingSend> send,
-            const std::vector<std::pair<const void*, std::size_t>>& spans, int owner);
+            const std::vector<std::pair<const void*, std::size_t>>& spans, int owner, bool pack);
   void forget_completed(Context& context);
 
   MPI_Comm comm_;

@@ -2,6 +2,7 @@
 #include "remote/wire.hpp"
 
 #include <climits>
+#include <cstring>
 #include <mutex>
 
 #include "core/check.hpp"
@@ -10,8 +11,29 @@ namespace shardopt {
 namespace remote {
 
 int start_send(PendingSend& send, const std::vector<std::pair<const void*, std::size_t>>& spans, int dest,
-               MPI_Comm comm) {
+               MPI_Comm comm, bool pack) {
   send.dest = dest;
+  // Up to kPackedBytes, the header and payload are copied into one contiguous buffer (a few
+  // microseconds for a typical push): no derived datatype is built per push, Open MPI can move a
+  // contiguous message with a single copy by the receiver, and the caller's buffers are free
+  // of MPI at once. Larger requests are sent from the caller's memory (hindexed, no copy).
+  std::size_t total = sizeof(RequestHeader);
+  for (const auto& span : spans) total += span.second;
+  if (total <= kPackedBytes || pack) {
+    SHARDOPT_CHECK(total <= static_cast<std::size_t>(INT_MAX), unsupported,
+                   "RemoteOptimizer: one request carries {} bytes; over MPI a request carries at most {} (push in "
+                   "smaller parts)",
+                   total, INT_MAX);
+    std::vector<char> packed(total);
+    std::memcpy(packed.data(), &send.header, sizeof(RequestHeader));
+    std::size_t at = sizeof(RequestHeader);
+    for (const auto& span : spans) {
+      if (span.second > 0) std::memcpy(packed.data() + at, span.first, span.second);
+      at += span.second;
+    }
+    send.packed = std::move(packed);  // after the copy: a span may point into the old packed
+    return MPI_Isend(send.packed.data(), static_cast<int>(total), MPI_BYTE, dest, kRequestTag, comm, &send.request);
+  }
   std::vector<int> lengths;
   std::vector<MPI_Aint> places;
   MPI_Aint address = 0;

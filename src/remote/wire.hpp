@@ -55,13 +55,17 @@ struct PendingSend {
   MPI_Request request = MPI_REQUEST_NULL;
   RequestHeader header;
   int dest = -1;
-  std::vector<char> packed;  // payload gathered from several places, when it had to be
+  std::vector<char> packed;  // payload gathered from several places, or the whole packed request
 };
+
+constexpr std::size_t kPackedBytes = 1 << 20;  // requests up to this size are sent from one copy
 
 // Starts `send` (its header, then `spans` of bytes in order) to `dest`; the PendingSend must
 // stay where it is until the request completes. Returns MPI's code.
+// `pack`: copy the payload whatever its size (the spans die when this returns: host copies of
+// device memory).
 int start_send(PendingSend& send, const std::vector<std::pair<const void*, std::size_t>>& spans, int dest,
-               MPI_Comm comm);
+               MPI_Comm comm, bool pack = false);
 
 // Memory MPI may still write or read (a receive from, or a send to, a peer that never answered:
 // MPI cannot cancel it safely) is handed here and kept until the process exits.
