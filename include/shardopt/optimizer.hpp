@@ -154,9 +154,10 @@ struct OptimizerConfig {
   // External storage keeps the caller's buffers per rank; there the sync's staging buffer is
   // node-shared, so the sync on a node is two memory copies and a barrier.
   // With every rank on one node the gradient average goes through node-shared memory too
-  // (stage 1 with bucket view: the gradient buffers are a slot per rank; stage 2, either
-  // storage: the hand-over copies into a slot per rank of trainable_numel, counted in
-  // memory_report().buffer_bytes), bitwise as through MPI.
+  // (stage 1 with bucket view: the gradient buffers are a slot per rank; stage 2, and external
+  // storage at stage 1: the gradients are copied into a slot per rank of trainable_numel,
+  // counted in memory_report().buffer_bytes), bitwise as through MPI; config.overlap keeps
+  // MPI's path.
   bool node_shared_params = true;
   // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
   // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and

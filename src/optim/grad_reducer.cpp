@@ -1,11 +1,13 @@
-// src/optim/grad_reducer.cpp — stage 1 (node-shared slots on one node, else a bucketed all-reduce) and stage 2 (buckets reduced to their owners) gradient averaging.
+// src/optim/grad_reducer.cpp — gradient averaging: through node-shared slots on one node (stage 1 and 2), else a bucketed all-reduce (stage 1) or buckets reduced to their owners (stage 2).
 //
 // Stage 1 with bucket view, node-shared parameters and every rank on one node: the gradients
 // are slots of one node-shared mapping (ShardState::node_grad_slots), so the average is a
 // barrier, each rank summing its shard over the slots in memory, and a barrier (average_on_node)
 // instead of MPI's copies through bounce buffers. Its summation order is the binomial tree of
 // MPI's in-place all-reduce, so both paths give the same bits. With config.overlap the buckets
-// still go through MPI (overlap.cpp), over the same slots. Across nodes: the MPI path.
+// still go through MPI (overlap.cpp), over the same slots. External storage on one node copies
+// the caller's gradients into its slot first and the average back out. Across nodes: the MPI
+// path.
 //
 // Stage 2 on one node with node-shared parameters (either storage): each hand-over copies the
 // gradient into this rank's node-shared slot, and the round's end is stage 1's barrier, sum
@@ -45,6 +47,8 @@ uint64_t GradReducer::reduce_all() {
     } else {
       all_reduce_bucket_view();
     }
+  } else if (const NodeGradSlots* slots = shard_.node_grad_slots()) {
+    average_external_on_node(*slots);
   } else {
     all_reduce_external();
   }
@@ -104,6 +108,30 @@ void GradReducer::sum_own_shard_over_slots(const NodeGradSlots& slots, const std
   std::atomic_thread_fence(std::memory_order_seq_cst);
   slots.node->barrier();
   std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+// External storage on one node: the caller's gradients are copied into this rank's slot, averaged
+// as with bucket view (the average written into every slot), and copied back out of its own.
+void GradReducer::average_external_on_node(const NodeGradSlots& slots) {
+  const DType dt = shard_.dtype();
+  const partition::Layout& layout = shard_.layout();
+  const core::FlatBuffer& mine = shard_.hand_over_slot();
+  const std::vector<ParamRecord>& params = table_.params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].trainable && params[i].numel > 0) {
+      dev_.copy_bytes(mine.at(layout.param_offset[i]), params[i].user_grad, span_bytes(params[i].numel, dt));
+    }
+  }
+  const partition::RankShard& own = shard_.own_shard();
+  std::vector<void*> outputs;
+  for (char* slot : slots.slots) outputs.push_back(element(slot, own.offset, dt));
+  sum_own_shard_over_slots(slots, outputs);
+  dev_.finish_gradient_average(mine.raw(), layout.buffer_numel, dt);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].trainable && params[i].numel > 0) {
+      dev_.copy_bytes(params[i].user_grad, mine.at(layout.param_offset[i]), span_bytes(params[i].numel, dt));
+    }
+  }
 }
 
 // External: packs trainable gradients into one staging bucket at a time, averages, unpacks.
@@ -228,7 +256,7 @@ void GradReducer::hand_gradient(std::size_t i, const void* grad) {
   const int64_t lo = shard_.layout().param_offset[i];
   // On one node: into this rank's slot, where the owners read it when the round finishes.
   const bool into_slot = shard_.node_grad_slots() != nullptr;
-  if (into_slot && p.numel > 0) dev_.copy_bytes(shard_.stage2_slot().at(lo), grad, span_bytes(p.numel, dt));
+  if (into_slot && p.numel > 0) dev_.copy_bytes(shard_.hand_over_slot().at(lo), grad, span_bytes(p.numel, dt));
   for (int64_t pos = lo; !into_slot && pos < lo + p.numel;) {
     const int index = static_cast<int>(pos / bucket_numel());
     Bucket& b = buckets_[static_cast<std::size_t>(index)];

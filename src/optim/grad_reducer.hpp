@@ -47,6 +47,7 @@ class GradReducer {
 
   void all_reduce_bucket_view();
   void average_on_node(const NodeGradSlots& slots);
+  void average_external_on_node(const NodeGradSlots& slots);
   void sum_own_shard_over_slots(const NodeGradSlots& slots, const std::vector<void*>& outputs);
   void all_reduce_external();
   void open_round_if_needed();

@@ -94,7 +94,7 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   state_in_use_ = needed;
 
   NodeGradSlots next_slots;
-  core::FlatBuffer next_stage2_slot = dev_.new_buffer(0, dt);
+  core::FlatBuffer next_hand_over_slot = dev_.new_buffer(0, dt);
   if (bucket_view()) {
     std::vector<int64_t> next_offset(params.size());
     int64_t tail = next.buffer_numel;
@@ -106,7 +106,9 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
     // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient()
     // (into a node-shared slot on one node).
     core::FlatBuffer next_grads = stage2() ? dev_.new_buffer(0, dt) : new_grad_buffer(tail, next_params.borrowed(), next_slots);
-    if (stage2()) next_stage2_slot = map_grad_slots(next.buffer_numel, next_params.borrowed(), next_slots);
+    // (With config.overlap the overlap engine stages stage 2's hand-over itself, through MPI.)
+    const bool hand_over_on_node = stage2() && config_.overlap == OverlapPolicy::off;
+    if (hand_over_on_node) next_hand_over_slot = map_grad_slots(next.buffer_numel, next_params.borrowed(), next_slots);
     fill_params(next_params, next, next_offset, initial, first_new);
     if (!stage2()) {
       for (std::size_t i = 0; i < std::min(params.size(), view_offset_.size()); ++i) {
@@ -121,12 +123,13 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
     view_offset_ = std::move(next_offset);
   } else {
     sync_staging_ = sharded() ? new_param_buffer(next.buffer_numel) : dev_.new_buffer(0, dt);
-    if (stage2()) next_stage2_slot = map_grad_slots(next.buffer_numel, sync_staging_.borrowed(), next_slots);
-    const bool staged = dev_.world() > 1 && !stage2();
+    const bool hand_over_on_node = config_.overlap == OverlapPolicy::off;
+    if (hand_over_on_node) next_hand_over_slot = map_grad_slots(next.buffer_numel, sync_staging_.borrowed(), next_slots);
+    const bool staged = dev_.world() > 1 && !stage2() && next_slots.slots.empty();
     grad_staging_ = dev_.new_buffer(staged ? std::min(next.trainable_numel, bucket_elements(config_, dt)) : 0, dt);
   }
   grad_slots_ = std::move(next_slots);
-  stage2_slot_ = std::move(next_stage2_slot);
+  hand_over_slot_ = std::move(next_hand_over_slot);
   shard_grads_ = dev_.new_buffer(stage2() ? next_shard : 0, dt);
   state_ = std::move(next_state);
   layout_ = std::move(next);

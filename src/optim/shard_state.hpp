@@ -56,7 +56,8 @@ partition::Strategy strategy_of(const OptimizerConfig& config);
 // Node-shared parameters on one node: every rank's gradients in one node-shared mapping, a slot
 // per rank, so the reduction sums each shard over the slots in memory (grad_reducer.cpp) instead
 // of through MPI. Stage 1 with bucket view: a rank's flat_grads() is its slot. Stage 2 (either
-// storage): the hand-over copies each gradient into the rank's slot (stage2_slot()).
+// storage) and external storage at stage 1: each gradient is copied into the rank's slot
+// (hand_over_slot()) first.
 struct NodeGradSlots {
   std::shared_ptr<Communicator> node;  // the node's ranks: the world
   std::vector<char*> slots;            // by node rank: buffer_numel (+ frozen elements at stage 1)
@@ -121,9 +122,9 @@ class ShardState {
   const core::FlatBuffer& sync_staging() const { return sync_staging_; }
   const core::FlatBuffer& grad_staging() const { return grad_staging_; }
   const core::FlatBuffer& shard_grads() const { return shard_grads_; }
-  // Stage 2 on one node with node-shared parameters: this rank's gradient slot (layout
-  // positions [0, buffer_numel)); empty otherwise.
-  const core::FlatBuffer& stage2_slot() const { return stage2_slot_; }
+  // Stage 2 or external storage, on one node with node-shared parameters: this rank's gradient
+  // slot (layout positions [0, buffer_numel)); empty otherwise.
+  const core::FlatBuffer& hand_over_slot() const { return hand_over_slot_; }
   const StateBuffers& state() const { return state_; }
   float* state_data(std::size_t kind) const { return state_[kind].data(); }
 
@@ -178,7 +179,7 @@ class ShardState {
   core::FlatBuffer sync_staging_;  // external: the rank-ordered shards, for the param sync
   core::FlatBuffer grad_staging_;  // external, stage 1: one bucket for reduce_gradients
   core::FlatBuffer shard_grads_;   // stage 2: this rank's shard of the averaged gradients
-  core::FlatBuffer stage2_slot_;   // stage 2 on one node: this rank's slot of grad_slots_
+  core::FlatBuffer hand_over_slot_;  // stage 2 / external on one node: this rank's slot
   std::vector<int64_t> view_offset_;  // bucket view: each param's place in flat_params_
   std::shared_ptr<const comm::NodeTopology> nodes_;  // discovered at the first shared buffer
   bool nodes_known_ = false;

@@ -1,4 +1,4 @@
-// tests/mpi/test_node_reduce_stage2.cpp — stage 2 on one node through the node-shared gradient slots (bucket view and external storage): the shard gradients and steps bitwise stage 1's, and the MPI reduce's where that matched before.
+// tests/mpi/test_node_reduce_stage2.cpp — stage 2 (bucket view and external storage) and external storage at stage 1, on one node through the node-shared gradient slots: steps bitwise stage 1's through the slots, and MPI's where that matched before.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -112,14 +112,16 @@ std::vector<uint8_t> param_bytes(const Run& run) {
 
 }  // namespace
 
-TEST_CASE("stage 2 on one node stages its hand-over in a node-shared slot per rank; across nodes it does not",
+TEST_CASE("stage 2 and external storage on one node stage their hand-over in a node-shared slot per rank; "
+          "across nodes they do not",
           "[node_sharing][node_reduce]") {
   for (int per_node : {0, 2}) {
-    for (Storage storage : {Storage::bucket_view, Storage::external}) {
-      CAPTURE(per_node, static_cast<int>(storage));
+    for (int stage : {1, 2}) {
+      const Storage storage = stage == 1 ? Storage::external : Storage::bucket_view;
+      CAPTURE(per_node, stage, static_cast<int>(storage));
       const std::shared_ptr<Communicator> comm = world_with_nodes_of(per_node);
-      const Run shared = build(comm, DType::f32, PartitionStrategy::flat, 2, storage, true);
-      const Run own = build(comm, DType::f32, PartitionStrategy::flat, 2, storage, false);
+      const Run shared = build(comm, DType::f32, PartitionStrategy::flat, stage, storage, true);
+      const Run own = build(comm, DType::f32, PartitionStrategy::flat, stage, storage, false);
       const int n = comm->size();
       const bool one_node = n > 1 && (per_node == 0 || n <= per_node);
       const int64_t trainable_bytes = shared.opt->memory_report().trainable_numel * 4;
@@ -127,11 +129,17 @@ TEST_CASE("stage 2 on one node stages its hand-over in a node-shared slot per ra
       CHECK((shared.opt->memory_report().buffer_bytes >= trainable_bytes) == one_node);
       // (External storage's own sync staging is a whole buffer; bucket view's MPI staging is not.)
       if (storage == Storage::bucket_view) CHECK(own.opt->memory_report().buffer_bytes < trainable_bytes);
+      // External stage 2 as well (its buffers are the same as stage 1's external ones).
+      if (stage == 1) {
+        const Run external2 = build(comm, DType::f32, PartitionStrategy::flat, 2, Storage::external, true);
+        CHECK((external2.opt->memory_report().buffer_bytes >= trainable_bytes) == one_node);
+      }
     }
   }
 }
 
-TEST_CASE("stage 2 through the node's slots steps bitwise as stage 1, and as stage 2 through MPI at 1-2 ranks",
+TEST_CASE("stage 2 and external storage through the node's slots step bitwise as stage 1 with bucket view, and "
+          "as through MPI at 1-2 ranks",
           "[node_sharing][node_reduce]") {
   const int n = world()->size();
   for (int per_node : {0, 2}) {
@@ -142,16 +150,24 @@ TEST_CASE("stage 2 through the node's slots steps bitwise as stage 1, and as sta
         Run stage1 = build(comm, dtype, partition, 1, Storage::bucket_view, true);
         Run view = build(comm, dtype, partition, 2, Storage::bucket_view, true);
         Run external = build(comm, dtype, partition, 2, Storage::external, true);
+        Run external1 = build(comm, dtype, partition, 1, Storage::external, true);
         Run through_mpi = build(comm, dtype, partition, 2, Storage::bucket_view, false);
+        Run external1_mpi = build(comm, dtype, partition, 1, Storage::external, false);
+        const std::vector<Run*> runs = {&stage1, &view, &external, &external1, &through_mpi, &external1_mpi};
         for (uint32_t round = 1; round <= 4; ++round) {
           if (round == 4) {
             // A layout change rebuilds the slots; the next round still agrees.
-            for (Run* run : {&stage1, &view, &external, &through_mpi}) run->opt->set_trainable(2, false);
+            for (Run* run : runs) run->opt->set_trainable(2, false);
           }
-          for (Run* run : {&stage1, &view, &external, &through_mpi}) train_round(*run, dtype, comm->rank(), round);
+          for (Run* run : runs) train_round(*run, dtype, comm->rank(), round);
           const std::vector<uint8_t> expected = param_bytes(stage1);
           REQUIRE(param_bytes(view) == expected);
           REQUIRE(param_bytes(external) == expected);
+          REQUIRE(param_bytes(external1) == expected);
+          // External storage at stage 1 hands the average back to the caller's buffers: the same
+          // bytes as through MPI's all-reduce (stage 1's order on one node).
+          REQUIRE(external1.grads == external1_mpi.grads);
+          REQUIRE(param_bytes(external1_mpi) == expected);
           // At 3+ ranks MPI's reduce (stage 2's path across nodes) may associate the sum
           // differently from the binomial all-reduce, so only 1-2 ranks are compared there.
           if (n <= 2) REQUIRE(param_bytes(through_mpi) == expected);
