@@ -153,6 +153,11 @@ struct OptimizerConfig {
   // calls. pipeline_chunk_bytes does not apply (there is no copy to overlap on a node).
   // External storage keeps the caller's buffers per rank; there the sync's staging buffer is
   // node-shared, so the sync on a node is two memory copies and a barrier.
+  // With every rank on one node the gradient average goes through node-shared memory too
+  // (stage 1 with bucket view: the gradient buffers are a slot per rank; stage 2, and external
+  // storage at stage 1: the gradients are copied into a slot per rank of trainable_numel,
+  // counted in memory_report().buffer_bytes), bitwise as through MPI; config.overlap keeps
+  // MPI's path.
   bool node_shared_params = true;
   // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
   // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and
@@ -353,7 +358,9 @@ class SHARDOPT_API ZeroOptimizer {
   // Stage 2, bucket view: hands this rank's local gradient of one parameter (as a backward hook
   // would). Collective per bucket: every rank must hand the same parameters in the same order,
   // once per step; a bucket is reduced to its owners as soon as all its parameters are in, so
-  // only the shard's gradients (plus in-flight buckets) are kept. `grad` is read before the
+  // only the shard's gradients (plus in-flight buckets) are kept. On one node with
+  // node_shared_params the gradient is copied into this rank's node-shared slot instead, and
+  // reduce_gradients() sums each shard over the node's slots (no bucket is reduced early). `grad` is read before the
   // call returns on the CPU; on a device, in order on cuda_stream() (see there). Error(invalid_argument) for a wrong numel/dtype/device or a second hand-over.
   // With config.overlap, also at stage 1 (the gradient is copied into grad_view(id)).
   void reduce_gradient(ParamId id, const TensorRef& grad);

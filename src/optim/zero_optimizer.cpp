@@ -183,7 +183,8 @@ MemoryReport ZeroOptimizer::memory_report() const {
   }
   report.param_bytes = shard.flat_params().bytes();
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
-  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes() +
+  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + shard.hand_over_slot().bytes() +
+                        impl_->reducer.staging_bytes() +
                         impl_->overlap.staging_bytes();
   if (const comm::NodeTopology* nodes = shard.node_sharing()) {
     const int64_t shared = shard.shared_buffer().bytes();
