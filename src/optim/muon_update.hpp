@@ -16,6 +16,13 @@ class MuonUpdate {
   // between ranks); its momentum buffer is the shard's momentum state over the run.
   void update(const UpdateRun& run, const ParamRecord& p, const Hyperparams& h, const kernels::GradTransform& transform);
 
+  // Seconds spent orthogonalising since the last call (StepReport::newton_schulz_seconds).
+  double take_newton_schulz_seconds() {
+    const double seconds = workspace_.newton_schulz_seconds;
+    workspace_.newton_schulz_seconds = 0.0;
+    return seconds;
+  }
+
  private:
   const DeviceContext& dev_;
   const OptimizerConfig& config_;
