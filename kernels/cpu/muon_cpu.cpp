@@ -7,6 +7,7 @@
 
 #include <cblas.h>
 
+#include "muon_rules.hpp"
 #include "precision.hpp"
 #include "kernel_check.hpp"
 
@@ -28,11 +29,6 @@ class BlasThreads {
  private:
   int before_;
 };
-
-// torch's lerp: start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w).
-float lerp(float start, float end, float weight) {
-  return std::fabs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.f - weight);
-}
 
 void keep_bf16(float* x, int64_t n, MuonPrecision precision) {
   if (precision != MuonPrecision::bf16) return;
@@ -175,9 +171,8 @@ void muon_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t rows, 
       default: raise_error(ErrorCode::invalid_argument, "muon_update_cpu: unsupported dtype {}", dtype_name(t.dtype));
     }
     if (!is_identity(gt)) g = transform_grad(g, gt);
-    const float buf = lerp(momentum_buf[i], g, s.one_minus_momentum);  // buf.lerp_(grad, 1 - momentum)
-    momentum_buf[i] = buf;
-    update[static_cast<std::size_t>(i)] = s.nesterov ? lerp(g, buf, s.momentum) : buf;  // grad.lerp(buf, momentum)
+    update[static_cast<std::size_t>(i)] =
+        muon_momentum(momentum_buf[i], g, s.momentum, s.one_minus_momentum, s.nesterov);
   }
   newton_schulz_cpu(update.data(), update.data(), rows, cols, s, precision, blas_threads, ws);
   float* values = t.dtype == DType::f32 ? static_cast<float*>(t.param) : t.master;

@@ -1,11 +1,17 @@
 // src/optim/muon_update.hpp — the update of one Muon matrix of this rank's shard: its scalars from the group's hyperparameters and shape, then the CPU kernel (or the device's).
 #pragma once
 
+#include <string>
+
 #include "cpu/muon_cpu.hpp"
 #include "optim/shard_state.hpp"
 
 namespace shardopt {
 namespace optim {
+
+// Why Muon cannot run on CUDA parameters here ("" where it can: a CUDA build that loads
+// cuBLAS). Checked at registration, on every rank.
+std::string muon_cuda_unavailable_reason();
 
 class MuonUpdate {
  public:
