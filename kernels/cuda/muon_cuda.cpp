@@ -58,7 +58,7 @@ void MuonCudaWorkspace::release() {
   matrix_capacity_ = gram_capacity_ = 0;
 }
 
-void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols) {
+void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols, void* stream) {
   const CublasTable& blas = cublas_table("Muon on CUDA");
   if (cublas == nullptr) {
     cublasHandle_t handle = nullptr;
@@ -74,7 +74,8 @@ void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols) {
   if (matrix <= matrix_capacity_ && gram_elements <= gram_capacity_) return;
   const int64_t keep_matrix = matrix > matrix_capacity_ ? matrix : matrix_capacity_;
   const int64_t keep_gram = gram_elements > gram_capacity_ ? gram_elements : gram_capacity_;
-  cudaDeviceSynchronize();  // earlier steps may still read the old buffers (first steps only)
+  check_launch(static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))),
+               "waiting for the stream before growing the scratch");
   release();
   update = device_alloc<float>(keep_matrix, "the update");
   x = device_alloc<float>(keep_matrix, "the working matrix");
@@ -89,7 +90,7 @@ void newton_schulz_cuda(const float* g, float* out, int64_t rows, int64_t cols, 
                         MuonPrecision precision, MuonCudaWorkspace& ws, void* stream) {
   SHARDOPT_KERNEL_CHECK(rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, invalid_argument,
                         "newton_schulz_cuda: a {} x {} matrix (each side must be in [1, 2^31))", rows, cols);
-  ws.reserve(rows, cols);
+  ws.reserve(rows, cols, stream);
   const CublasTable& blas = cublas_table("Muon on CUDA");
   const auto handle = static_cast<cublasHandle_t>(ws.cublas);
   check_cublas(blas.set_stream(handle, static_cast<cudaStream_t>(stream)), "cublasSetStream");
@@ -136,7 +137,7 @@ void muon_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t rows,
                         "muon_update_cuda: a master is required for bf16/f16 parameters and refused for f32");
   SHARDOPT_KERNEL_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16, invalid_argument,
                         "muon_update_cuda: unsupported dtype {}", dtype_name(t.dtype));
-  ws.reserve(rows, cols);
+  ws.reserve(rows, cols, stream);
   check_launch(launch_muon_momentum(t.grad, t.dtype, momentum_buf, ws.update, n, gt, s.momentum, s.one_minus_momentum,
                                     s.nesterov, stream),
                "the momentum");

@@ -28,8 +28,10 @@ class MuonCudaWorkspace {
   MuonCudaWorkspace& operator=(const MuonCudaWorkspace&) = delete;
 
   // Room for a rows x cols matrix (its update, the working copy, the product and the two m x m
-  // Gram matrices, the norm) and the handle.
-  void reserve(int64_t rows, int64_t cols);
+  // Gram matrices, the norm) and the handle. Growing waits for `stream` (where the earlier
+  // matrices' work that reads the old buffers was enqueued) before freeing them: the first
+  // steps only, as the buffers grow to the largest matrix.
+  void reserve(int64_t rows, int64_t cols, void* stream);
 
   float* update = nullptr;
   float* x = nullptr;
