@@ -44,6 +44,7 @@ float round_bf16_host(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 MuonCudaWorkspace::~MuonCudaWorkspace() {
   release();
+  if (squares != nullptr) cudaFree(squares);
   if (cublas != nullptr && cublas_load_failure().empty()) {
     cublas_table("Muon on CUDA").destroy(static_cast<cublasHandle_t>(cublas));
   }
