@@ -280,6 +280,9 @@ struct StepReport {
   double agree_seconds = 0.0;
   double update_seconds = 0.0;
   double sync_seconds = 0.0;
+  // Of update_seconds, the part spent in Muon's Newton-Schulz orthogonalisations (0 without
+  // Muon groups or on a CUDA device).
+  double newton_schulz_seconds = 0.0;
 };
 
 // Every collective call (the constructor, add_param_group, set_trainable, reduce_gradients,

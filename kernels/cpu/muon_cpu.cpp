@@ -2,10 +2,12 @@
 #include "cpu/muon_cpu.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include <cblas.h>
 
+#include "muon_rules.hpp"
 #include "precision.hpp"
 #include "kernel_check.hpp"
 
@@ -28,32 +30,39 @@ class BlasThreads {
   int before_;
 };
 
-// torch's lerp: start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w).
-float lerp(float start, float end, float weight) {
-  return std::fabs(weight) < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.f - weight);
-}
-
 void keep_bf16(float* x, int64_t n, MuonPrecision precision) {
   if (precision != MuonPrecision::bf16) return;
   for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
 }
 
-// out = beta * c + alpha * (a @ b^T?) : a is m x k, b is k x n (or n x k when b_transposed),
-// all row-major; the product in one sgemm (fp32 accumulation), the epilogue element by element
-// in fp32 (no fused multiply-add), then rounded to bf16 where emulated. `c` may alias `out`;
-// `product` is scratch of m x n.
-void addmm(const float* c, float beta, const float* a, const float* b, bool b_transposed, float alpha, int64_t m,
-           int64_t n, int64_t k, float* product, float* out, MuonPrecision precision) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.f, a, static_cast<int>(k), b,
-              static_cast<int>(b_transposed ? k : n), 0.f, product, static_cast<int>(n));
-  const int64_t count = m * n;
+// out = beta * c + alpha * product, element by element in fp32 (no fused multiply-add), then
+// rounded to bf16 where emulated; without `c`, out = product. `c` may alias `out`.
+void epilogue(const float* c, float beta, const float* product, float alpha, int64_t count, float* out,
+              MuonPrecision precision) {
   if (c == nullptr) {
     for (int64_t i = 0; i < count; ++i) out[i] = product[i];
   } else {
     for (int64_t i = 0; i < count; ++i) out[i] = beta * c[i] + alpha * product[i];
   }
   keep_bf16(out, count, precision);
+}
+
+// product = a @ b (m x k times k x n, row-major) in one sgemm (fp32 accumulation).
+void matmul(const float* a, const float* b, int64_t m, int64_t n, int64_t k, float* product) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), 1.f, a, static_cast<int>(k), b, static_cast<int>(n), 0.f, product,
+              static_cast<int>(n));
+}
+
+// product = a @ a^T (a is m x k, row-major): one ssyrk computes the upper triangle (half an
+// sgemm's flops), mirrored into the lower, so the result is exactly symmetric. Newton-Schulz
+// needs two such products per step: X X^T, and A A = A A^T for the symmetric A.
+void gram_matrix(const float* a, int64_t m, int64_t k, float* product) {
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, static_cast<int>(m), static_cast<int>(k), 1.f, a,
+              static_cast<int>(k), 0.f, product, static_cast<int>(m));
+  for (int64_t r = 1; r < m; ++r) {
+    for (int64_t c = 0; c < r; ++c) product[r * m + c] = product[c * m + r];
+  }
 }
 
 }  // namespace
@@ -91,6 +100,7 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
                        MuonPrecision precision, int blas_threads, MuonWorkspace& ws) {
   SHARDOPT_KERNEL_CHECK(rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, invalid_argument,
                  "newton_schulz_cpu: a {} x {} matrix (each side must be in [1, 2^31))", rows, cols);
+  const auto started = std::chrono::steady_clock::now();
   const BlasThreads scope(blas_threads);
   // Work on the wide orientation (m <= n), as torch transposes a tall matrix.
   const bool tall = rows > cols;
@@ -125,9 +135,12 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
   float* poly = ws.poly.data();
   float* next = ws.next.data();
   for (int step = 0; step < s.ns_steps; ++step) {
-    addmm(nullptr, 0.f, x, x, /*b_transposed=*/true, 1.f, m, m, n, poly, gram, precision);  // A = X X^T
-    addmm(gram, s.ns[1], gram, gram, false, s.ns[2], m, m, m, next, poly, precision);       // B = b A + c A A
-    addmm(x, s.ns[0], poly, x, false, 1.f, m, n, m, next, x, precision);                    // X = a X + B X
+    gram_matrix(x, m, n, poly);  // A = X X^T
+    epilogue(nullptr, 0.f, poly, 1.f, m * m, gram, precision);
+    gram_matrix(gram, m, m, next);  // B = b A + c A A
+    epilogue(gram, s.ns[1], next, s.ns[2], m * m, poly, precision);
+    matmul(poly, x, m, n, m, next);  // X = a X + B X
+    epilogue(x, s.ns[0], next, 1.f, m * n, x, precision);
   }
   if (tall) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -136,6 +149,7 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
   } else {
     std::copy(x, x + m * n, out);
   }
+  ws.newton_schulz_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
 void muon_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t rows, int64_t cols, const MuonScalars& s,
@@ -157,9 +171,8 @@ void muon_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t rows, 
       default: raise_error(ErrorCode::invalid_argument, "muon_update_cpu: unsupported dtype {}", dtype_name(t.dtype));
     }
     if (!is_identity(gt)) g = transform_grad(g, gt);
-    const float buf = lerp(momentum_buf[i], g, s.one_minus_momentum);  // buf.lerp_(grad, 1 - momentum)
-    momentum_buf[i] = buf;
-    update[static_cast<std::size_t>(i)] = s.nesterov ? lerp(g, buf, s.momentum) : buf;  // grad.lerp(buf, momentum)
+    update[static_cast<std::size_t>(i)] =
+        muon_momentum(momentum_buf[i], g, s.momentum, s.one_minus_momentum, s.nesterov);
   }
   newton_schulz_cpu(update.data(), update.data(), rows, cols, s, precision, blas_threads, ws);
   float* values = t.dtype == DType::f32 ? static_cast<float*>(t.param) : t.master;

@@ -34,6 +34,8 @@ MuonScalars make_muon_scalars(double lr, double weight_decay, double momentum, b
 // Scratch for one matrix's orthogonalisation; grows to the largest matrix and is kept.
 struct MuonWorkspace {
   std::vector<float> x, next, gram, poly;
+  // Wall time spent in newton_schulz_cpu since the owner last read and cleared it.
+  double newton_schulz_seconds = 0.0;
 };
 
 // Emulated precision of the products (see MatrixPrecision in shardopt/optimizer.hpp).

@@ -3,8 +3,22 @@
 
 #include "core/check.hpp"
 
+#if SHARDOPT_HAVE_CUDA
+#include "cuda/cublas_loader.hpp"
+#endif
+#include "optim/device_ops.hpp"
+
 namespace shardopt {
 namespace optim {
+
+#if SHARDOPT_HAVE_CUDA
+std::string muon_cuda_unavailable_reason() {
+  const std::string& failure = kernels::cublas_load_failure();
+  return failure.empty() ? std::string() : "cuBLAS cannot be loaded: " + failure;
+}
+#else
+std::string muon_cuda_unavailable_reason() { return "this build has no CUDA support"; }
+#endif
 
 void MuonUpdate::update(const UpdateRun& run, const ParamRecord& p, const Hyperparams& h,
                         const kernels::GradTransform& transform) {
@@ -12,8 +26,6 @@ void MuonUpdate::update(const UpdateRun& run, const ParamRecord& p, const Hyperp
                  "Muon: parameter '{}' reached the update in a piece of {} of its {} elements (a Muon matrix is "
                  "owned whole)",
                  p.name, run.length, p.numel);
-  SHARDOPT_CHECK(!dev_.on_device(), unsupported,
-                 "Muon: parameter '{}' is on a CUDA device; this build updates Muon matrices on the CPU only", p.name);
   const int64_t rows = p.shape[0];
   const int64_t cols = p.shape[1];
   const kernels::MuonScalars s =
@@ -32,7 +44,12 @@ void MuonUpdate::update(const UpdateRun& run, const ParamRecord& p, const Hyperp
   rounding.first_index = static_cast<uint64_t>(run.first_index);
   const kernels::MuonPrecision precision =
       config_.muon.precision == MatrixPrecision::f32 ? kernels::MuonPrecision::f32 : kernels::MuonPrecision::bf16;
-  kernels::muon_update_cpu(tensors, shard_.state_data(kMomentum) + run.shard_offset, rows, cols, s, transform,
+  float* momentum = shard_.state_data(kMomentum) + run.shard_offset;
+  if (dev_.on_device()) {
+    dev_.ops().muon_update(tensors, momentum, rows, cols, s, transform, rounding, precision, dev_.stream());
+    return;
+  }
+  kernels::muon_update_cpu(tensors, momentum, rows, cols, s, transform,
                            rounding, precision, config_.muon.blas_threads, workspace_);
 }
 

@@ -8,6 +8,7 @@
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 #include "optim/hyperparams.hpp"
+#include "optim/muon_update.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -92,11 +93,14 @@ static void check_shape(const std::string& label, const ParamSpec& p, Algorithm 
                    "parameter {} has shape [{}] ({} elements) but numel {}", label, fmt::join(p.shape, ", "), product,
                    p.param.numel);
   }
+  if (algorithm == Algorithm::muon && p.param.device.is_cuda()) {
+    // Newton-Schulz on CUDA runs on cuBLAS, opened at run time: refused only where it cannot be.
+    const std::string why = muon_cuda_unavailable_reason();
+    SHARDOPT_CHECK(why.empty(), unsupported,
+                   "parameter {} in param group {} (muon) is on {}, but Muon's Newton-Schulz cannot run there: {}",
+                   label, group, device_name(p.param.device), why);
+  }
   if (algorithm == Algorithm::muon) {
-    SHARDOPT_CHECK(!p.param.device.is_cuda(), unsupported,
-                   "parameter {} in param group {} (muon) is on {}: this build runs Muon's Newton-Schulz on the CPU "
-                   "only",
-                   label, group, device_name(p.param.device));
     SHARDOPT_CHECK(p.shape.size() == 2, invalid_argument,
                    "parameter {} in param group {} (muon) has shape [{}]: Muon updates 2-D parameters only (give "
                    "ParamSpec::shape as [rows, cols], or put the parameter in a group of another algorithm)",

@@ -120,6 +120,7 @@ void Step::run_all(bool any_nonfinite, double agree_seconds) {
   report_.agree_seconds = agree_seconds;
   report_.update_seconds = 0.0;
   report_.sync_seconds = 0.0;
+  report_.newton_schulz_seconds = 0.0;
   report_.loss_scale = scaling ? scale_ : 1.0;
   report_.grad_norm = pending_norm_;
   report_.clip_coef = pending_clip_;
@@ -145,6 +146,7 @@ void Step::run_all(bool any_nonfinite, double agree_seconds) {
       sync_.update_and_sync(update);
     }
     report_.update_seconds = update_seconds;
+    report_.newton_schulz_seconds = muon_.take_newton_schulz_seconds();
     report_.sync_seconds = std::chrono::duration<double>(Clock::now() - start).count() - update_seconds;
     advance_steps();
     if (scaling && ++growth_tracker_ == config_.loss_scaling.growth_interval) {
