@@ -42,6 +42,9 @@ SEMANTICS = [
     # After step 1 (every rank); the second half (wait_save, thaw) after step 2.
     ("mid_op", ["none", "save_load", "save_async", "consolidate", "set_trainable", "add_param_group"]),
     ("lr_change", ["no", "yes"]),  # every group's lr halved before step 2
+    # Each group's algorithm: adamw (amsgrad) in both groups, sgd (momentum 0.9), adam (amsgrad);
+    # muon_mixed: the first group Muon over matrices ([37,1], [8,8], [5,1]), the second AdamW.
+    ("algorithm", ["adamw", "sgd", "adam", "muon_mixed"]),
 ]
 WORLD = [("np", ["2", "3", "4"])]
 DIMENSIONS = WORLD + IMPLEMENTATION + SEMANTICS
@@ -83,6 +86,11 @@ REFUSED = [
      "called it), and the refusal travels into the next agreement of the replica and of each averaging group, so "
      "every rank of the world raises it by name at its next call that meets that rank, none by timeout "
      "(the replicas' averaging has no way to shadow a rank out of inputs)", "call"),
+    ({"overlap": "per_bucket", "algorithm": "muon_mixed"},
+     "runs Muon, which updates each matrix whole once all of its gradient is reduced",
+     "per_bucket updates each bucket as soon as its reduction lands, but a Muon matrix (often spanning buckets) "
+     "needs its whole gradient before its Newton-Schulz: the optimizer refuses a Muon group with per_bucket "
+     "overlap at construction (after_backward overlaps and runs Muon)", "construction"),
 ]
 
 

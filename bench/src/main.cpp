@@ -32,7 +32,7 @@
 // One job per file beside this one: options (flags), support.hpp (timing and MPI helpers),
 // collectives (the sweep), model (the model and its synthetic values), cache (the last-level
 // cache), stream (bandwidths), roofline (bytes the step must move, the verdict), verify (the
-// self-check), step (the step mode), checkpoint_cost (the checkpoint mode), cuda_run (the device
+// self-check), step (the step mode), muon_step (the Muon step), checkpoint_cost (the checkpoint mode), cuda_run (the device
 // check and dispatch), cuda_step (the step on a GPU), cuda_device (CUDA runtime calls: device
 // memory, events, bandwidth kernels; cuda_unavailable in a build without CUDA).
 #include <cstdio>
@@ -44,6 +44,7 @@
 #include "collectives.hpp"
 #include "cuda_run.hpp"
 #include "iteration.hpp"
+#include "muon_step.hpp"
 #include "options.hpp"
 #include "step.hpp"
 #include "shardopt/shardopt.hpp"
@@ -77,7 +78,9 @@ int main(int argc, char** argv) {
     if (options.device == shardopt_bench::BenchDevice::cuda) return shardopt_bench::run_on_cuda(comm, options);
     switch (options.mode) {
       case BenchMode::collectives: return shardopt_bench::run_collectives(*comm, options);
-      case BenchMode::step: return shardopt_bench::run_step(comm, options);
+      case BenchMode::step:
+        if (options.algorithm == shardopt::Algorithm::muon) return shardopt_bench::run_muon_step(comm, options);
+        return shardopt_bench::run_step(comm, options);
       case BenchMode::checkpoint: return shardopt_bench::run_checkpoint_cost(comm, options);
       case BenchMode::iteration: return shardopt_bench::run_iteration(comm, options);
     }

@@ -173,13 +173,22 @@ std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> com
 void hand_gradients(ZeroOptimizer& opt, const Options& o, const std::vector<Tensor>& pieces,
                     std::vector<float>& scratch) {
   if (o.storage == Storage::bucket_view) {
+    // The gradients are the same every time: generated once, whole, so the hand-over is timed
+    // as a user's backward would hand them (a copy out of ready gradients), not their making.
+    const auto words_of = [&](int64_t numel) {
+      return static_cast<std::size_t>((numel * static_cast<int64_t>(shardopt::dtype_size(o.dtype)) + 3) / 4);
+    };
+    std::size_t total = 0;
+    for (const Tensor& t : pieces) total += words_of(t.numel);
+    const bool fill = scratch.size() < total;
+    if (fill) scratch.resize(total);
+    std::size_t at = 0;
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       const Tensor& t = pieces[i];
-      const auto words = static_cast<std::size_t>((t.numel * static_cast<int64_t>(shardopt::dtype_size(o.dtype)) + 3) / 4);
-      if (scratch.size() < words) scratch.resize(words);
-      const TensorRef grad{scratch.data(), t.numel, o.dtype, shardopt::Device::cpu()};
-      fill_synthetic(grad, t.offset, kGradStream, kGradScale, true, o.threads);
+      const TensorRef grad{scratch.data() + at, t.numel, o.dtype, shardopt::Device::cpu()};
+      if (fill) fill_synthetic(grad, t.offset, kGradStream, kGradScale, true, o.threads);
       opt.reduce_gradient(static_cast<shardopt::ParamId>(i), grad);
+      at += words_of(t.numel);
     }
   }
   opt.reduce_gradients();

@@ -70,8 +70,8 @@ std::unique_ptr<shardopt::ZeroOptimizer> build_optimizer(std::shared_ptr<shardop
                                                          InitialValues initial = InitialValues::through_views);
 
 // Stage 2, before every step (untimed): every rank hands the same synthetic gradients (bucket
-// view: one param at a time through `scratch`, in registration order; external: they are
-// already in its buffers) and reduce_gradients() averages them into their owners' shards.
+// view: one param at a time out of `scratch`, the whole model's gradients generated at the
+// first call, in registration order; external: they are already in its buffers) and reduce_gradients() averages them into their owners' shards.
 void hand_gradients(shardopt::ZeroOptimizer& opt, const Options& o, const std::vector<Tensor>& pieces,
                     std::vector<float>& scratch);
 

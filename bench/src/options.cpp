@@ -40,7 +40,13 @@ const char* const usage_text =
     "  --layers L --width W      instead: L x Linear(W, W), i.e. L weights of W*W and L\n"
     "                            biases of W, in torch's order (default 20 x 2000 = 80.04M,\n"
     "                            PyTorch's ZeroRedundancyOptimizer tutorial)\n"
-    "  --optimizer sgd|adam|adamw            (default adam; sgd uses --momentum)\n"
+    "  --optimizer sgd|adam|adamw|muon       (default adam; sgd uses --momentum; also\n"
+    "                                        --algorithm). muon: --mode step only, the\n"
+    "                                        --layers x --width model with the weights in a\n"
+    "                                        Muon group and the biases in an AdamW one; prints\n"
+    "                                        the Newton-Schulz time beside the update and sync\n"
+    "  --muon-precision bf16|f32             Muon's Newton-Schulz products (default bf16)\n"
+    "  --blas-threads T                      OpenBLAS threads per orthogonalisation (default 1)\n"
     "  --momentum X                          sgd momentum (default 0.9)\n"
     "  --lr X                                learning rate (default 0.001)\n"
     "  --partition flat|sorted_greedy        (default flat)\n"
@@ -209,11 +215,18 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--tensors") o.tensors = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
     else if (flag == "--layers") o.layers = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
     else if (flag == "--width") o.width = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
-    else if (flag == "--optimizer") {
+    else if (flag == "--optimizer" || flag == "--algorithm") {
       if (value == "sgd") o.algorithm = Algorithm::sgd;
       else if (value == "adam") o.algorithm = Algorithm::adam;
       else if (value == "adamw") o.algorithm = Algorithm::adamw;
-      else bad_usage("--optimizer expects sgd, adam or adamw, got '" + value + "'");
+      else if (value == "muon") o.algorithm = Algorithm::muon;
+      else bad_usage(flag + " expects sgd, adam, adamw or muon, got '" + value + "'");
+    } else if (flag == "--muon-precision") {
+      if (value == "bf16") o.muon_precision = shardopt::MatrixPrecision::bf16;
+      else if (value == "f32") o.muon_precision = shardopt::MatrixPrecision::f32;
+      else bad_usage("--muon-precision expects bf16 or f32, got '" + value + "'");
+    } else if (flag == "--blas-threads") {
+      o.blas_threads = static_cast<int>(parse_int(flag, value, 1, 1024));
     } else if (flag == "--momentum") o.momentum = parse_double(flag, value);
     else if (flag == "--lr") o.lr = parse_double(flag, value);
     else if (flag == "--partition") {
@@ -268,6 +281,12 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.comm_given && o.device != BenchDevice::cuda) {
     bad_usage("--comm picks the communicator of --device cuda; the cpu device always uses MPI");
+  }
+  if (o.algorithm == Algorithm::muon &&
+      (o.mode != BenchMode::step || o.device != BenchDevice::cpu || o.params > 0 || !o.sharded ||
+       o.storage != Storage::bucket_view)) {
+    bad_usage("--algorithm muon runs --mode step on the cpu device over the --layers x --width model, sharded, "
+              "with bucket_view storage");
   }
   if (o.step_factor <= 1.0 && o.step_bytes <= 0 && o.min_bytes != o.max_bytes) {
     bad_usage("-f must be > 1, or -i must be positive, for the sweep to advance");

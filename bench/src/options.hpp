@@ -49,6 +49,9 @@ struct Options {
   int width = 2000;
   Algorithm algorithm = Algorithm::adam;
   double momentum = 0.9;
+  // Muon (--algorithm muon): OptimizerConfig::muon.
+  shardopt::MatrixPrecision muon_precision = shardopt::MatrixPrecision::bf16;
+  int blas_threads = 1;
   double lr = 1e-3;
   PartitionStrategy partition = PartitionStrategy::flat;
   Storage storage = Storage::bucket_view;

@@ -17,9 +17,9 @@
 
 namespace shardopt {
 
-// torch.optim's per-parameter state: "step" plus the tensors the algorithm keeps
-// ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" for Adam/AdamW, "momentum_buffer" for SGD),
-// each as many fp32 elements as the parameter.
+// torch.optim's per-parameter state: "step" plus the tensors its group's algorithm keeps
+// ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" for Adam/AdamW, "momentum_buffer" for SGD and
+// Muon), each as many fp32 elements as the parameter.
 struct ParamState {
   int64_t step = 0;
   std::map<std::string, std::vector<float>> tensors;
@@ -27,13 +27,16 @@ struct ParamState {
 
 struct ParamGroupState {
   Hyperparams hyper;
+  // The group's settings (its algorithm always set in a dict shardopt makes; unset: the dict's
+  // algorithm).
+  GroupSettings settings{};
   std::vector<ParamId> params;  // global indices, registration order
 };
 
 // The whole optimizer's state, as torch's optimizer.state_dict(): state keyed by global param
 // index (params without state, frozen or never stepped, are absent), and the groups.
 struct StateDict {
-  Algorithm algorithm = Algorithm::adam;
+  Algorithm algorithm = Algorithm::adam;  // the optimizer's (config.algorithm); groups say their own
   std::vector<std::string> param_names;  // by global index: checked on load
   std::map<ParamId, ParamState> state;
   std::vector<ParamGroupState> param_groups;

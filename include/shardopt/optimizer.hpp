@@ -1,6 +1,7 @@
 // shardopt/optimizer.hpp — ZeroOptimizer: registered params, param groups, the sharded step.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,7 +15,9 @@
 
 namespace shardopt {
 
-enum class Algorithm : int32_t { sgd = 0, adam = 1, adamw = 2 };
+// muon: torch.optim.Muon (torch 2.9+), for 2-D parameters; each matrix is updated whole by one
+// rank (see ParamSpec::shape and OptimizerConfig::muon).
+enum class Algorithm : int32_t { sgd = 0, adam = 1, adamw = 2, muon = 3 };
 enum class PartitionStrategy : int32_t { flat = 0, sorted_greedy = 1 };
 enum class Storage : int32_t {
   bucket_view = 0,  // shardopt owns flat param/grad buffers and hands out views (zero-copy sync)
@@ -51,6 +54,20 @@ enum class MasterStorage : int32_t {
 SHARDOPT_API const char* algorithm_name(Algorithm algorithm);
 SHARDOPT_API const char* state_precision_name(StatePrecision precision);
 SHARDOPT_API const char* master_storage_name(MasterStorage master);
+
+// Muon's adjust_lr_fn: none and original scale lr by sqrt(max(1, rows/cols)); match_rms_adamw
+// by 0.2 * sqrt(max(rows, cols)); spectral_unclamped by sqrt(rows/cols) (torch.optim.Muon's
+// _adjust_lr).
+enum class MuonLrAdjust : int32_t { none = 0, original = 1, match_rms_adamw = 2, spectral_unclamped = 3 };
+SHARDOPT_API const char* muon_lr_adjust_name(MuonLrAdjust adjust);
+// The arithmetic of Muon's Newton-Schulz products (OptimizerConfig::muon.precision).
+//  bf16: as torch.optim.Muon, whose orthogonalisation runs on a bfloat16 copy: every operand
+//        and every product's result is rounded to bf16 (nearest even); each product is an fp32
+//        GEMM of those bf16 values (fp32 accumulation), its epilogue (beta*C + alpha*AB) in
+//        fp32, then rounded once to bf16. The normalisation divides by the Frobenius norm
+//        (accumulated in fp32, rounded to bf16, floored at eps), each quotient rounded to bf16.
+//  f32:  the same steps in fp32, nothing rounded to bf16.
+enum class MatrixPrecision : int32_t { bf16 = 0, f32 = 1 };
 SHARDOPT_API const char* overlap_policy_name(OverlapPolicy policy);
 SHARDOPT_API const char* partition_name(PartitionStrategy partition);
 
@@ -69,10 +86,15 @@ struct Hyperparams {
   bool nesterov = false;
   bool maximize = false;
   bool amsgrad = false;
+  // Muon (torch.optim.Muon's names; Muon also reads lr, weight_decay (decoupled), momentum,
+  // nesterov and eps, the Newton-Schulz normaliser's floor).
+  std::array<double, 3> ns_coefficients{3.4445, -4.775, 2.0315};
+  int32_t ns_steps = 5;
+  MuonLrAdjust adjust_lr_fn = MuonLrAdjust::none;
 };
 
 // torch.optim's constructor defaults for `algorithm` (SGD and Adam: Hyperparams{}; AdamW:
-// weight_decay 1e-2).
+// weight_decay 1e-2; Muon: weight_decay 0.1, momentum 0.95, nesterov, eps 1e-7).
 SHARDOPT_API Hyperparams default_hyperparams(Algorithm algorithm);
 
 // The hyperparameters a param group sets itself, as the keys of one of torch's param-group
@@ -81,6 +103,10 @@ SHARDOPT_API Hyperparams default_hyperparams(Algorithm algorithm);
 struct GroupHyperparams {
   std::optional<double> lr, beta1, beta2, eps, weight_decay, momentum, dampening;
   std::optional<bool> nesterov, maximize, amsgrad;
+
+  std::optional<std::array<double, 3>> ns_coefficients;
+  std::optional<int32_t> ns_steps;
+  std::optional<MuonLrAdjust> adjust_lr_fn;
 
   GroupHyperparams() = default;
   GroupHyperparams(const Hyperparams& all);  // NOLINT(google-explicit-constructor): every field set
@@ -101,7 +127,17 @@ struct LossScaling {
   double min_scale = 1.0;
 };
 
+// Muon's orthogonalisation, for every Muon group of an optimizer.
+struct MuonSettings {
+  MatrixPrecision precision = MatrixPrecision::bf16;
+  // Threads of each BLAS product on the CPU (OpenBLAS). Fixed here, not taken from the
+  // machine, so the bits never depend on the thread count a process happens to get; every rank
+  // must use the same value (it is agreed like the rest of the config).
+  int blas_threads = 1;
+};
+
 struct OptimizerConfig {
+  // Every group's algorithm unless the group names its own (GroupSettings::algorithm).
   Algorithm algorithm = Algorithm::adam;
   PartitionStrategy partition = PartitionStrategy::flat;
   Storage storage = Storage::bucket_view;
@@ -133,6 +169,11 @@ struct OptimizerConfig {
   // calls. pipeline_chunk_bytes does not apply (there is no copy to overlap on a node).
   // External storage keeps the caller's buffers per rank; there the sync's staging buffer is
   // node-shared, so the sync on a node is two memory copies and a barrier.
+  // With every rank on one node the gradient average goes through node-shared memory too
+  // (stage 1 with bucket view: the gradient buffers are a slot per rank; stage 2, and external
+  // storage at stage 1: the gradients are copied into a slot per rank of trainable_numel,
+  // counted in memory_report().buffer_bytes), bitwise as through MPI; config.overlap keeps
+  // MPI's path.
   bool node_shared_params = true;
   // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
   // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and
@@ -188,8 +229,9 @@ struct OptimizerConfig {
   // computing meanwhile).
   OverlapPolicy overlap = OverlapPolicy::off;
   // The optimizer-level hyperparameters (torch's `defaults`): what a group's unset fields take,
-  // at construction and in add_param_group. Unset: default_hyperparams(algorithm).
+  // at construction and in add_param_group. Unset: default_hyperparams(the group's algorithm).
   std::optional<Hyperparams> defaults;
+  MuonSettings muon;
 };
 // Every field of OptimizerConfig must be the same on every rank except cpu_threads (a local
 // tuning that never changes results); the constructor checks, raising Error(mismatch) on every
@@ -208,13 +250,17 @@ struct ParamSpec {
   // external: the caller's gradient buffer (same numel/dtype/device as param).
   // bucket_view: leave data null; shardopt owns the gradient (see grad_view).
   TensorRef grad;
+  // The parameter's shape, row-major; empty: 1-D of param.numel elements. Muon needs it (its
+  // groups take 2-D parameters only, whose product must be numel); the other algorithms
+  // ignore it beyond that check. Must agree across ranks.
+  std::vector<int64_t> shape{};
 };
 
 // Per-group settings fixed for the group's life (unlike Hyperparams, they decide how the
 // group's state is laid out). Unset: the OptimizerConfig's value. Every rank must pass the same
 // (Error(mismatch) naming the group and field otherwise); checkpoints record them.
 struct GroupSettings {
-  std::optional<Algorithm> algorithm;
+  std::optional<Algorithm> algorithm;  // fixed for the group's life; unset: OptimizerConfig's value
   std::optional<StatePrecision> state_precision;
   std::optional<MasterStorage> master;
 };
@@ -222,7 +268,7 @@ struct GroupSettings {
 struct ParamGroupSpec {
   std::vector<ParamSpec> params;
   GroupHyperparams hyper;  // unset fields: the optimizer's defaults
-  GroupSettings settings;
+  GroupSettings settings{};
 };
 
 using ParamId = int32_t;  // registration order across all groups, as torch's global index
@@ -260,6 +306,9 @@ struct StepReport {
   double agree_seconds = 0.0;
   double update_seconds = 0.0;
   double sync_seconds = 0.0;
+  // Of update_seconds, the part spent in Muon's Newton-Schulz orthogonalisations (0 without
+  // Muon groups or on a CUDA device).
+  double newton_schulz_seconds = 0.0;
 };
 
 // Every collective call (the constructor, add_param_group, set_trainable, reduce_gradients,
@@ -301,6 +350,10 @@ class SHARDOPT_API ZeroOptimizer {
   const Hyperparams& hyperparams(int group) const;
   // The optimizer-level defaults (torch's `defaults`).
   const Hyperparams& defaults() const;
+  // A group's algorithm (GroupSettings::algorithm, or config.algorithm), fixed for its life.
+  Algorithm group_algorithm(int group) const;
+  // A parameter's shape as registered (empty: 1-D).
+  const std::vector<int64_t>& param_shape(ParamId id) const;
   ParamId find_param(const std::string& name) const;  // Error(invalid_argument) if absent
   const std::string& param_name(ParamId id) const;
   int param_group(ParamId id) const;
@@ -334,7 +387,9 @@ class SHARDOPT_API ZeroOptimizer {
   // Stage 2, bucket view: hands this rank's local gradient of one parameter (as a backward hook
   // would). Collective per bucket: every rank must hand the same parameters in the same order,
   // once per step; a bucket is reduced to its owners as soon as all its parameters are in, so
-  // only the shard's gradients (plus in-flight buckets) are kept. `grad` is read before the
+  // only the shard's gradients (plus in-flight buckets) are kept. On one node with
+  // node_shared_params the gradient is copied into this rank's node-shared slot instead, and
+  // reduce_gradients() sums each shard over the node's slots (no bucket is reduced early). `grad` is read before the
   // call returns on the CPU; on a device, in order on cuda_stream() (see there). Error(invalid_argument) for a wrong numel/dtype/device or a second hand-over.
   // With config.overlap, also at stage 1 (the gradient is copied into grad_view(id)).
   void reduce_gradient(ParamId id, const TensorRef& grad);

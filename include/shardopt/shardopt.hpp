@@ -8,6 +8,7 @@
 #include "shardopt/export.hpp"
 #include "shardopt/nccl.hpp"
 #include "shardopt/optimizer.hpp"
+#include "shardopt/remote.hpp"
 #include "shardopt/types.hpp"
 
 namespace shardopt {

@@ -14,8 +14,23 @@ extern "C" {
 typedef enum shardopt_algorithm {
   SHARDOPT_ALGORITHM_SGD = 0,
   SHARDOPT_ALGORITHM_ADAM = 1,
-  SHARDOPT_ALGORITHM_ADAMW = 2
+  SHARDOPT_ALGORITHM_ADAMW = 2,
+  SHARDOPT_ALGORITHM_MUON = 3 /* torch.optim.Muon: 2-D parameters (shardopt_param_desc.shape), each owned whole */
 } shardopt_algorithm;
+
+/* Muon's adjust_lr_fn (torch.optim.Muon's names): see MuonLrAdjust in shardopt/optimizer.hpp. */
+typedef enum shardopt_muon_lr_adjust {
+  SHARDOPT_MUON_LR_ADJUST_NONE = 0,
+  SHARDOPT_MUON_LR_ADJUST_ORIGINAL = 1,
+  SHARDOPT_MUON_LR_ADJUST_MATCH_RMS_ADAMW = 2,
+  SHARDOPT_MUON_LR_ADJUST_SPECTRAL_UNCLAMPED = 3
+} shardopt_muon_lr_adjust;
+
+/* The arithmetic of Muon's Newton-Schulz: see MatrixPrecision in shardopt/optimizer.hpp. */
+typedef enum shardopt_matrix_precision {
+  SHARDOPT_MATRIX_PRECISION_BF16 = 0, /* as torch.optim.Muon */
+  SHARDOPT_MATRIX_PRECISION_F32 = 1
+} shardopt_matrix_precision;
 
 typedef enum shardopt_partition {
   SHARDOPT_PARTITION_FLAT = 0,          /* contiguous 1/N of all trainable elements per rank */
@@ -72,6 +87,11 @@ typedef struct shardopt_hyperparams {
   int32_t nesterov; /* booleans: 0 or 1 */
   int32_t maximize;
   int32_t amsgrad;
+  /* ---- appended later (Muon): the size of the earlier struct (through `amsgrad`) is still
+   * accepted; it then reads as these defaults and is written without them ---- */
+  double ns_coefficients[3]; /* (3.4445, -4.775, 2.0315) */
+  int32_t ns_steps;          /* 5 */
+  int32_t adjust_lr_fn;      /* a shardopt_muon_lr_adjust; NONE */
 } shardopt_hyperparams;
 
 /* torch's Adam/SGD defaults (weight_decay 0). For another algorithm's own defaults (AdamW's
@@ -88,6 +108,11 @@ static inline void shardopt_hyperparams_init(shardopt_hyperparams* hyper) {
   hyper->nesterov = 0;
   hyper->maximize = 0;
   hyper->amsgrad = 0;
+  hyper->ns_coefficients[0] = 3.4445;
+  hyper->ns_coefficients[1] = -4.775;
+  hyper->ns_coefficients[2] = 2.0315;
+  hyper->ns_steps = 5;
+  hyper->adjust_lr_fn = SHARDOPT_MUON_LR_ADJUST_NONE;
 }
 
 /* torch.optim's constructor defaults for `algorithm` (SGD, Adam: as shardopt_hyperparams_init;
@@ -155,8 +180,14 @@ typedef struct shardopt_optimizer_config {
    * shardopt_overlap_policy value, held in 64 bits: a 32-bit field would sit in the earlier
    * struct's tail padding and leave the struct's size, which tells the versions apart, as it was. */
   int64_t overlap;
-  /* ---- appended later: the sizes of the earlier structs (through `overlap`) are still accepted,
-   * and then leave these at their defaults ---- */
+  /* ---- appended later: the sizes of the earlier structs (through `overlap`) are still
+   * accepted, and then leave these at their defaults ---- */
+  /* Muon's Newton-Schulz: a shardopt_matrix_precision (BF16, the default, as torch), and the
+   * OpenBLAS threads of each product (1 by default; fixed, so the bits never depend on it). */
+  int32_t muon_precision;
+  int32_t muon_blas_threads;
+  /* ---- appended later: the sizes of the earlier structs (through `muon_blas_threads`) are
+   * still accepted, and then leave these at their defaults ---- */
   /* Every param group's compact state (shardopt_state_precision, shardopt_master_storage values;
    * default 0: fp32 moments and fp32 masters). See OptimizerConfig::state_precision and ::master. */
   int32_t state_precision;
@@ -185,6 +216,8 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->pipeline_chunk_bytes = 0;
   config->divide_by_initial_world_size = 0;
   config->overlap = SHARDOPT_OVERLAP_OFF;
+  config->muon_precision = SHARDOPT_MATRIX_PRECISION_BF16;
+  config->muon_blas_threads = 1;
   config->state_precision = SHARDOPT_STATE_PRECISION_FP32;
   config->master = SHARDOPT_MASTER_FP32;
 }
@@ -205,6 +238,12 @@ typedef struct shardopt_param_desc {
   shardopt_tensor grad;
   DLManagedTensorVersioned* param_dlpack;
   DLManagedTensorVersioned* grad_dlpack;
+  /* ---- appended later: the size of the earlier struct (through `grad_dlpack`) is still
+   * accepted, and then means no shape ---- */
+  /* The parameter's shape, row-major: `ndim` sizes at `shape` (copied); ndim 0: 1-D of numel.
+   * A Muon group's parameters need ndim 2. */
+  const int64_t* shape;
+  int64_t ndim;
 } shardopt_param_desc;
 
 static inline void shardopt_param_desc_init(shardopt_param_desc* desc) {
@@ -215,6 +254,8 @@ static inline void shardopt_param_desc_init(shardopt_param_desc* desc) {
   desc->grad = empty;
   desc->param_dlpack = NULL;
   desc->grad_dlpack = NULL;
+  desc->shape = NULL;
+  desc->ndim = 0;
 }
 
 /* A param group: its parameters and hyperparameters. `hyperparams` NULL: the optimizer's defaults
@@ -225,6 +266,10 @@ typedef struct shardopt_param_group_desc {
   const shardopt_param_desc* params;
   size_t num_params;
   const shardopt_hyperparams* hyperparams;
+  /* ---- appended later: the size of the earlier struct (through `hyperparams`) is still
+   * accepted, and then means the config's algorithm ---- */
+  /* The group's algorithm for its whole life (a shardopt_algorithm), or -1: the config's. */
+  int64_t algorithm;
 } shardopt_param_group_desc;
 
 static inline void shardopt_param_group_desc_init(shardopt_param_group_desc* desc) {
@@ -232,6 +277,7 @@ static inline void shardopt_param_group_desc_init(shardopt_param_group_desc* des
   desc->params = NULL;
   desc->num_params = 0;
   desc->hyperparams = NULL;
+  desc->algorithm = -1;
 }
 
 /* Bytes this rank holds, per component. */

@@ -47,6 +47,9 @@ from ._shardopt import (  # noqa: F401  (the public API)
     PendingCollective,
     PeriodicModelAverager,
     PostLocalSGDOptimizer,
+    RemoteOptimizer,
+    RemoteParam,
+    RemoteStep,
     Storage,
     StatePrecision,
     MasterStorage,
@@ -58,6 +61,7 @@ from ._shardopt import (  # noqa: F401  (the public API)
     nccl_world,
     periodic_averager,
     python_communicator,
+    remote_mpi_world,
     version,
 )
 

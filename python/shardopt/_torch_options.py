@@ -9,12 +9,18 @@ SUPPORTED_CLASSES = {
     torch.optim.Adam: Algorithm.adam,
     torch.optim.AdamW: Algorithm.adamw,
 }
+if hasattr(torch.optim, "Muon"):  # torch 2.9 and later: each matrix owned whole by one rank
+    SUPPORTED_CLASSES[torch.optim.Muon] = Algorithm.muon
+
+# Muon's own group keys (torch.optim.Muon's names), passed to shardopt as they are.
+MUON_KEYS = ("ns_coefficients", "ns_steps", "adjust_lr_fn")
 
 # The group keys each algorithm reads (torch's names).
 HYPER_KEYS = {
     Algorithm.sgd: ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
     Algorithm.adam: ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
     Algorithm.adamw: ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+    Algorithm.muon: ("lr", "weight_decay", "momentum", "nesterov", "eps") + MUON_KEYS,
 }
 
 # The state keys torch's optimizer of each algorithm keeps per parameter (besides "step").
@@ -22,6 +28,7 @@ STATE_KEYS = {
     Algorithm.sgd: ("momentum_buffer",),
     Algorithm.adam: ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
     Algorithm.adamw: ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+    Algorithm.muon: ("momentum_buffer",),
 }
 
 # Options that only choose torch's implementation (loops, foreach or fused kernels), not the
@@ -50,9 +57,10 @@ def torch_defaults(optimizer_class, defaults):
     """The complete defaults torch's class has with these keyword arguments (torch checks their
     values, e.g. a negative lr, with its own messages), and with none but lr: the values an
     option shardopt does not implement must keep."""
-    given = optimizer_class([torch.zeros(1, requires_grad=True)], **defaults).defaults
+    # A 1 x 1 matrix: every class takes it (Muon refuses what is not 2-D).
+    given = optimizer_class([torch.zeros(1, 1, requires_grad=True)], **defaults).defaults
     lr_only = {"lr": defaults["lr"]} if "lr" in defaults else {}
-    pristine = optimizer_class([torch.zeros(1, requires_grad=True)], **lr_only).defaults
+    pristine = optimizer_class([torch.zeros(1, 1, requires_grad=True)], **lr_only).defaults
     return dict(given), dict(pristine)
 
 
@@ -79,7 +87,11 @@ def hyperparams_of(group, algorithm):
     h.lr = to_float(group["lr"])
     h.weight_decay = float(group.get("weight_decay", 0.0))
     h.maximize = bool(group.get("maximize", False))
-    if algorithm == Algorithm.sgd:
+    if algorithm == Algorithm.muon:
+        h.momentum = float(group.get("momentum", 0.95))
+        h.nesterov = bool(group.get("nesterov", True))
+        h.eps = float(group.get("eps", 1e-7))
+    elif algorithm == Algorithm.sgd:
         h.momentum = float(group.get("momentum", 0.0))
         h.dampening = float(group.get("dampening", 0.0))
         h.nesterov = bool(group.get("nesterov", False))

@@ -23,15 +23,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from ._shardopt import (Communicator, Error, MasterStorage, OptimizerConfig, OverlapPolicy, PartitionStrategy,
-                        StatePrecision, Storage, ZeroOptimizer, mpi_world)
+from ._shardopt import (Algorithm, Communicator, Error, MasterStorage, OptimizerConfig, OverlapPolicy,
+                        PartitionStrategy, StatePrecision, Storage, ZeroOptimizer, mpi_world)
 from ._torch_comm import torch_communicator
 from ._torch_overlap import (GradientBuckets, averaged_grads, hook_with_zero_step, hook_with_zero_step_interleaved,
                              warn_step_in_loop)
-from ._torch_options import algorithm_for, check_group, hyperparams_of, torch_defaults
+from ._torch_options import MUON_KEYS, algorithm_for, check_group, hyperparams_of, torch_defaults
+from ._torch_rpc import DistributedOptimizer
 from ._torch_state import from_torch, to_torch
 
-__all__ = ["ZeroRedundancyOptimizer", "hook_with_zero_step", "hook_with_zero_step_interleaved"]
+__all__ = ["DistributedOptimizer", "ZeroRedundancyOptimizer", "hook_with_zero_step", "hook_with_zero_step_interleaved"]
 
 
 def launched_by_mpirun():
@@ -212,6 +213,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     def _shardopt_group(self, group, first_index):
         """shardopt's group for a torch group whose params are indexed from first_index."""
         h = hyperparams_of(group, self._algorithm).as_dict()
+        if self._algorithm == Algorithm.muon:
+            h.update({key: group[key] for key in MUON_KEYS if key in group})
         entries = []
         for offset, p in enumerate(group["params"]):
             index = first_index + offset

@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@ namespace shardopt_python {
 // One hyperparameter key of a param-group dict (or a keyword default) into `h`, whose fields are
 // optional or not: a group sets only the keys its dict has (torch's semantics), and the rest
 // take the optimizer's defaults. `where` names the kind of key in the message.
+// Muon's keys: ns_coefficients as three numbers; adjust_lr_fn None or torch's name.
+std::array<double, 3> ns_coefficients_from(nb::handle value);
+shardopt::MuonLrAdjust lr_adjust_from(nb::handle value);
+
 template <typename Target>
 void set_hyper(Target& h, const std::string& key, nb::handle value, const char* where) {
   if (key == "lr") h.lr = nb::cast<double>(value);
@@ -38,8 +43,14 @@ void set_hyper(Target& h, const std::string& key, nb::handle value, const char* 
   else if (key == "nesterov") h.nesterov = nb::cast<bool>(value);
   else if (key == "maximize") h.maximize = nb::cast<bool>(value);
   else if (key == "amsgrad") h.amsgrad = nb::cast<bool>(value);
+  else if (key == "ns_coefficients") h.ns_coefficients = ns_coefficients_from(value);
+  else if (key == "ns_steps") h.ns_steps = nb::cast<int32_t>(value);
+  else if (key == "adjust_lr_fn") h.adjust_lr_fn = lr_adjust_from(value);
   else unknown_key(key, where);
 }
+
+// A group's "algorithm": a name ("muon") or an Algorithm.
+shardopt::Algorithm algorithm_from(nb::handle value);
 
 // The value of one key, as a param-group dict holds it (betas as a tuple).
 nb::object hyper_value(const shardopt::Hyperparams& h, const std::string& key);

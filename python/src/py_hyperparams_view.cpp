@@ -9,7 +9,7 @@ namespace shardopt_python {
 void HyperparamsView::set(const shardopt::Hyperparams& next) const {
   shardopt::ZeroOptimizer& o = opt();
   // The public API has no check of its own: values are otherwise checked at the next step.
-  shardopt::optim::validate_hyperparams(next, o.config().algorithm, group);
+  shardopt::optim::validate_hyperparams(next, o.group_algorithm(group), group);
   o.hyperparams(group) = next;
 }
 

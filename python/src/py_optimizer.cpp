@@ -72,7 +72,11 @@ shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerC
   shardopt::ParamGroupSpec spec;
   for (auto [key, value] : d) {
     const std::string k = nb::cast<std::string>(key);
-    if (k != "params" && !set_setting(spec.settings, k, value)) set_hyper(spec.hyper, k, value, "param group key");
+    if (k == "algorithm") {
+      spec.settings.algorithm = algorithm_from(value);
+    } else if (k != "params" && !set_setting(spec.settings, k, value)) {
+      set_hyper(spec.hyper, k, value, "param group key");
+    }
   }
   for (nb::handle entry : d["params"]) {
     const std::size_t n = nb::len(entry);
@@ -88,6 +92,11 @@ shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerC
     nb::object grad = n == 3 ? nb::object(entry[2]) : nb::none();
     if (grad.is_none() && config.storage == shardopt::Storage::external && nb::hasattr(param, "grad")) {
       grad = param.attr("grad");
+    }
+    // A matrix's shape (Muon needs it); 1-D and scalar tensors stay shapeless.
+    if (nb::hasattr(param, "shape")) {
+      const auto shape = nb::cast<std::vector<int64_t>>(nb::tuple(param.attr("shape")));
+      if (shape.size() >= 2) p.shape = shape;
     }
     tensors.push_back(take_dlpack(param, "parameter '" + p.name + "'"));
     p.param = tensor_ref(tensors.back(), "parameter '" + p.name + "'");
@@ -110,7 +119,9 @@ void init_optimizer(PyZeroOptimizer* self, std::shared_ptr<shardopt::Communicato
   std::vector<DlpackOwner> tensors;
   auto [resolved, specs] = read_collectively(*comm, "ZeroOptimizer", [&] {
     shardopt::OptimizerConfig c = config;
-    c.defaults = defaults_from(config, keywords);
+    // Only keywords (or config.defaults) make explicit defaults: without, each group's unset keys
+    // take its own algorithm's torch defaults (an AdamW group beside a Muon one decays by 0.01).
+    if (keywords.size() > 0 || config.defaults) c.defaults = defaults_from(config, keywords);
     Groups out;
     for (nb::handle g : groups) out.push_back(group_from(g, c, tensors));
     return std::make_pair(c, std::move(out));

@@ -28,6 +28,11 @@ nb::dict state_dict_to_python(const shardopt::StateDict& sd) {
   nb::list groups;
   for (const shardopt::ParamGroupState& g : sd.param_groups) {
     nb::dict d = hyper_dict(g.hyper);
+    const shardopt::Algorithm algorithm = g.settings.algorithm.value_or(sd.algorithm);
+    if (algorithm == shardopt::Algorithm::muon) {  // torch.optim.Muon's own group keys
+      for (const char* key : {"ns_coefficients", "ns_steps", "adjust_lr_fn"}) d[key] = hyper_value(g.hyper, key);
+    }
+    if (algorithm != sd.algorithm) d["algorithm"] = shardopt::algorithm_name(algorithm);  // a group of its own algorithm
     d["params"] = nb::cast(g.params);
     groups.append(d);
   }
@@ -43,7 +48,8 @@ shardopt::StateDict state_dict_from_python(nb::dict d) {
   shardopt::StateDict sd;
   const std::string algorithm = nb::cast<std::string>(d["algorithm"]);
   bool known = false;
-  for (shardopt::Algorithm a : {shardopt::Algorithm::sgd, shardopt::Algorithm::adam, shardopt::Algorithm::adamw}) {
+  for (shardopt::Algorithm a : {shardopt::Algorithm::sgd, shardopt::Algorithm::adam, shardopt::Algorithm::adamw,
+                                shardopt::Algorithm::muon}) {
     if (algorithm == shardopt::algorithm_name(a)) {
       sd.algorithm = a;
       known = true;
@@ -69,6 +75,7 @@ shardopt::StateDict state_dict_from_python(nb::dict d) {
     for (auto [key, value] : nb::borrow<nb::dict>(g)) {
       const std::string k = nb::cast<std::string>(key);
       if (k == "params") gs.params = nb::cast<std::vector<shardopt::ParamId>>(value);
+      else if (k == "algorithm") gs.settings.algorithm = algorithm_from(value);
       else set_hyper(gs.hyper, k, value, "param group key");
     }
     sd.param_groups.push_back(std::move(gs));

@@ -19,6 +19,7 @@
 #include "py_hyperparams.hpp"
 #include "py_hyperparams_view.hpp"
 #include "py_optimizer.hpp"
+#include "py_remote.hpp"
 #include "py_state_dict.hpp"
 #include "py_tensors.hpp"
 #include "shardopt/checkpoint.hpp"
@@ -67,7 +68,11 @@ NB_MODULE(_shardopt, m) {
   nb::enum_<shardopt::Algorithm>(m, "Algorithm")
       .value("sgd", shardopt::Algorithm::sgd)
       .value("adam", shardopt::Algorithm::adam)
-      .value("adamw", shardopt::Algorithm::adamw);
+      .value("adamw", shardopt::Algorithm::adamw)
+      .value("muon", shardopt::Algorithm::muon);
+  nb::enum_<shardopt::MatrixPrecision>(m, "MatrixPrecision")
+      .value("bf16", shardopt::MatrixPrecision::bf16)
+      .value("f32", shardopt::MatrixPrecision::f32);
   nb::enum_<shardopt::PartitionStrategy>(m, "PartitionStrategy")
       .value("flat", shardopt::PartitionStrategy::flat)
       .value("sorted_greedy", shardopt::PartitionStrategy::sorted_greedy);
@@ -139,6 +144,14 @@ NB_MODULE(_shardopt, m) {
       .def_rw("cpu_threads", &shardopt::OptimizerConfig::cpu_threads)
       .def_rw("node_shared_params", &shardopt::OptimizerConfig::node_shared_params)
       .def_rw("divide_by_initial_world_size", &shardopt::OptimizerConfig::divide_by_initial_world_size)
+      .def_prop_rw(
+          "muon_precision", [](const shardopt::OptimizerConfig& c) { return c.muon.precision; },
+          [](shardopt::OptimizerConfig& c, shardopt::MatrixPrecision p) { c.muon.precision = p; },
+          "MatrixPrecision of Muon's Newton-Schulz: bf16 (as torch.optim.Muon) or f32.")
+      .def_prop_rw(
+          "muon_blas_threads", [](const shardopt::OptimizerConfig& c) { return c.muon.blas_threads; },
+          [](shardopt::OptimizerConfig& c, int threads) { c.muon.blas_threads = threads; },
+          "OpenBLAS threads of each Newton-Schulz product (fixed, so the bits never depend on it).")
       .def_rw("stage", &shardopt::OptimizerConfig::stage,
               "1: gradients all-reduced whole on every rank; 2: each rank keeps its shard's (reduce_gradient).")
       .def_rw("overlap", &shardopt::OptimizerConfig::overlap,
@@ -270,6 +283,8 @@ NB_MODULE(_shardopt, m) {
            nb::call_guard<nb::gil_scoped_release>())
       .def("trainable", [](const Opt& s, shardopt::ParamId id) { return s.opt->trainable(id); }, "id"_a)
       .def("num_groups", [](const Opt& s) { return s.opt->num_groups(); })
+      .def("group_algorithm", [](const Opt& s, int group) { return s.opt->group_algorithm(group); }, "group"_a,
+           "A group's algorithm, fixed for its life (its dict's \"algorithm\", or the config's).")
       .def("num_params", [](const Opt& s) { return s.opt->num_params(); })
       .def("hyperparams", &hyperparams_view, "group"_a,
            "The group's hyperparameters, live (a HyperparamsView): assigning a field (e.g. .lr) takes effect\n"
@@ -384,5 +399,6 @@ NB_MODULE(_shardopt, m) {
 
   // Over the ZeroOptimizer and Communicator bound above.
   bind_averaging(m);
+  bind_remote(m);
 }
 

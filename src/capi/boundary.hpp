@@ -256,6 +256,49 @@ struct optimizer_config {  // through `overlap`
   int64_t overlap;
 };
 }  // namespace v7
+namespace v8 {
+struct optimizer_config {  // through `muon_blas_threads`
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+  int32_t node_shared_params;
+  int64_t pipeline_chunk_bytes;
+  int32_t divide_by_initial_world_size;
+  int64_t overlap;
+  int32_t muon_precision;
+  int32_t muon_blas_threads;
+};
+}  // namespace v8
+namespace v1 {
+struct hyperparams {  // through `amsgrad`
+  size_t struct_size;
+  double lr, beta1, beta2, eps, weight_decay, momentum, dampening;
+  int32_t nesterov, maximize, amsgrad;
+};
+struct param_desc {  // through `grad_dlpack`
+  size_t struct_size;
+  const char* name;
+  shardopt_tensor param;
+  shardopt_tensor grad;
+  DLManagedTensorVersioned* param_dlpack;
+  DLManagedTensorVersioned* grad_dlpack;
+};
+struct param_group_desc {  // through `hyperparams`
+  size_t struct_size;
+  const shardopt_param_desc* params;
+  size_t num_params;
+  const shardopt_hyperparams* hyperparams;
+};
+}  // namespace v1
 namespace v1 {
 struct comm_options {  // through timeout_seconds
   size_t struct_size;
@@ -299,6 +342,10 @@ SHARDOPT_CAPI_SAME_FIELD(v4::optimizer_config, shardopt_optimizer_config, node_s
 SHARDOPT_CAPI_SAME_FIELD(v5::optimizer_config, shardopt_optimizer_config, pipeline_chunk_bytes);
 SHARDOPT_CAPI_SAME_FIELD(v6::optimizer_config, shardopt_optimizer_config, divide_by_initial_world_size);
 SHARDOPT_CAPI_SAME_FIELD(v7::optimizer_config, shardopt_optimizer_config, overlap);
+SHARDOPT_CAPI_SAME_FIELD(v8::optimizer_config, shardopt_optimizer_config, muon_blas_threads);
+SHARDOPT_CAPI_SAME_FIELD(v1::hyperparams, shardopt_hyperparams, amsgrad);
+SHARDOPT_CAPI_SAME_FIELD(v1::param_desc, shardopt_param_desc, grad_dlpack);
+SHARDOPT_CAPI_SAME_FIELD(v1::param_group_desc, shardopt_param_group_desc, hyperparams);
 SHARDOPT_CAPI_SAME_FIELD(v1::comm_options, shardopt_comm_options, timeout_seconds);
 SHARDOPT_CAPI_SAME_FIELD(v1::step_report, shardopt_step_report, skipped_steps);
 #undef SHARDOPT_CAPI_SAME_FIELD
@@ -309,7 +356,8 @@ static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
                   sizeof(v4::optimizer_config) < sizeof(v5::optimizer_config) &&
                   sizeof(v5::optimizer_config) < sizeof(v6::optimizer_config) &&
                   sizeof(v6::optimizer_config) < sizeof(v7::optimizer_config) &&
-                  sizeof(v7::optimizer_config) < sizeof(shardopt_optimizer_config),
+                  sizeof(v7::optimizer_config) < sizeof(v8::optimizer_config) &&
+                  sizeof(v8::optimizer_config) < sizeof(shardopt_optimizer_config),
               "each version of shardopt_optimizer_config must have a size of its own");
 
 // Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
@@ -319,11 +367,24 @@ struct KnownSizes {
 };
 template <>
 struct KnownSizes<shardopt_optimizer_config> {
-  static constexpr std::array<std::size_t, 8> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
+  static constexpr std::array<std::size_t, 9> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
                                                         sizeof(v3::optimizer_config), sizeof(v4::optimizer_config),
                                                         sizeof(v5::optimizer_config), sizeof(v6::optimizer_config),
-                                                        sizeof(v7::optimizer_config),
+                                                        sizeof(v7::optimizer_config), sizeof(v8::optimizer_config),
                                                         sizeof(shardopt_optimizer_config)};
+};
+template <>
+struct KnownSizes<shardopt_hyperparams> {
+  static constexpr std::array<std::size_t, 2> values = {sizeof(v1::hyperparams), sizeof(shardopt_hyperparams)};
+};
+template <>
+struct KnownSizes<shardopt_param_desc> {
+  static constexpr std::array<std::size_t, 2> values = {sizeof(v1::param_desc), sizeof(shardopt_param_desc)};
+};
+template <>
+struct KnownSizes<shardopt_param_group_desc> {
+  static constexpr std::array<std::size_t, 2> values = {sizeof(v1::param_group_desc),
+                                                        sizeof(shardopt_param_group_desc)};
 };
 template <>
 struct KnownSizes<shardopt_comm_options> {

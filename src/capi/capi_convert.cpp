@@ -30,6 +30,11 @@ Hyperparams hyper_from(const shardopt_hyperparams& h) {
   result.nesterov = h.nesterov != 0;
   result.maximize = h.maximize != 0;
   result.amsgrad = h.amsgrad != 0;
+  if (newer_than<v1::hyperparams>(&h)) {  // Muon's fields; an older struct reads as their defaults
+    for (std::size_t i = 0; i < 3; ++i) result.ns_coefficients[i] = h.ns_coefficients[i];
+    result.ns_steps = h.ns_steps;
+    result.adjust_lr_fn = static_cast<MuonLrAdjust>(h.adjust_lr_fn);
+  }
   return result;
 }
 
@@ -44,6 +49,10 @@ void hyper_to(const Hyperparams& h, shardopt_hyperparams& out) {
   out.nesterov = h.nesterov ? 1 : 0;
   out.maximize = h.maximize ? 1 : 0;
   out.amsgrad = h.amsgrad ? 1 : 0;
+  if (!newer_than<v1::hyperparams>(&out)) return;  // the caller's struct ends before Muon's fields
+  for (std::size_t i = 0; i < 3; ++i) out.ns_coefficients[i] = h.ns_coefficients[i];
+  out.ns_steps = h.ns_steps;
+  out.adjust_lr_fn = static_cast<int32_t>(h.adjust_lr_fn);
 }
 
 void tensor_to(const TensorRef& ref, shardopt_tensor& out) {
@@ -165,6 +174,11 @@ ParamSpec param_from(const shardopt_param_desc* desc, const std::string& where,
   const std::string label = fmt::format("parameter '{}' ({})", spec.name, where);
   spec.param = buffer_from(desc->param, desc->param_dlpack, label, "param", "param_dlpack", dlpack);
   spec.grad = buffer_from(desc->grad, desc->grad_dlpack, "gradient of " + label, "grad", "grad_dlpack", dlpack);
+  if (newer_than<v1::param_desc>(desc) && desc->ndim != 0) {
+    if (desc->ndim < 0 || desc->ndim > 64) fail(SHARDOPT_ERR_INVALID_ARGUMENT, "{}.ndim is {}", where, desc->ndim);
+    if (desc->shape == nullptr) fail(SHARDOPT_ERR_NULL_POINTER, "{}.shape is NULL but ndim is {}", where, desc->ndim);
+    spec.shape.assign(desc->shape, desc->shape + desc->ndim);
+  }
   return spec;
 }
 
@@ -177,8 +191,8 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
   const int algorithm = raw_enum_value(config->algorithm);
   const int partition = raw_enum_value(config->partition);
   const int storage = raw_enum_value(config->storage);
-  if (algorithm < 0 || algorithm > 2) {
-    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->algorithm is {}, not a shardopt_algorithm (0..2)", algorithm);
+  if (algorithm < 0 || algorithm > 3) {
+    fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->algorithm is {}, not a shardopt_algorithm (0..3)", algorithm);
   }
   if (partition < 0 || partition > 1) {
     fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->partition is {}, not a shardopt_partition (0..1)", partition);
@@ -223,6 +237,14 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
     result.overlap = static_cast<OverlapPolicy>(overlap);
   }
   if (newer_than<v7::optimizer_config>(config)) {
+    if (config->muon_precision != 0 && config->muon_precision != 1) {
+      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->muon_precision is {}, not a shardopt_matrix_precision (0..1)",
+           config->muon_precision);
+    }
+    result.muon.precision = static_cast<MatrixPrecision>(config->muon_precision);
+    result.muon.blas_threads = config->muon_blas_threads;  // validated with the config, on every rank
+  }
+  if (newer_than<v8::optimizer_config>(config)) {
     if (config->state_precision < 0 || config->state_precision > 1) {
       fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->state_precision is {}, not a shardopt_state_precision (0..1)",
            config->state_precision);
@@ -244,6 +266,11 @@ ParamGroupSpec group_from(const shardopt_param_group_desc* group, const std::str
     const std::string name = where + ".hyperparams";
     check_struct(group->hyperparams, name.c_str(), "shardopt_hyperparams");
     spec.hyper = hyper_from(*group->hyperparams);
+  }
+  if (newer_than<v1::param_group_desc>(group) && group->algorithm != -1) {
+    // Out-of-range values are refused by the optimizer, on every rank together.
+    const int64_t value = group->algorithm < -1 || group->algorithm > 1000 ? 1000 : group->algorithm;
+    spec.settings.algorithm = static_cast<Algorithm>(static_cast<int32_t>(value));
   }
   if (group->num_params > 0 && group->params == nullptr) {
     fail(SHARDOPT_ERR_NULL_POINTER, "{}.params is NULL but num_params is {}", where, group->num_params);

@@ -111,8 +111,8 @@ shardopt_status shardopt_optimizer_get_defaults(shardopt_optimizer_t opt, shardo
 shardopt_status shardopt_default_hyperparams(shardopt_algorithm algorithm, shardopt_hyperparams* out) {
   return guard("shardopt_default_hyperparams", [&] {
     const int value = raw_enum_value(algorithm);
-    if (value < 0 || value > 2) {
-      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "algorithm is {}, not a shardopt_algorithm (0..2)", value);
+    if (value < 0 || value > 3) {
+      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "algorithm is {}, not a shardopt_algorithm (0..3)", value);
     }
     check_struct(out, "out", "shardopt_hyperparams");
     hyper_to(shardopt::default_hyperparams(static_cast<shardopt::Algorithm>(value)), *out);

@@ -10,6 +10,7 @@
 #include "checkpoint/json_reader.hpp"
 #include "checkpoint/sealed_json.hpp"
 #include "core/check.hpp"
+#include "optim/param_table.hpp"
 
 namespace shardopt {
 namespace checkpoint {
@@ -37,9 +38,43 @@ ojson hyper_to_json(const Hyperparams& h) {
                {"amsgrad", h.amsgrad}};
 }
 
-Hyperparams hyper_from_json(const JsonObject& j) {
-  j.only({"lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening", "nesterov", "maximize", "amsgrad"});
+Algorithm algorithm_from_name(const std::string& name, const std::string& path);
+
+// A group: its hyperparameters, its algorithm where it is not the optimizer's, and Muon's own
+// hyperparameters for a Muon group (so checkpoints without Muon keep their bytes).
+ojson group_to_json(const Hyperparams& h, Algorithm algorithm, Algorithm optimizer_algorithm) {
+  ojson j = hyper_to_json(h);
+  if (algorithm != optimizer_algorithm) j["algorithm"] = algorithm_name(algorithm);
+  if (algorithm == Algorithm::muon) {
+    j["ns_coefficients"] = ojson::array({h.ns_coefficients[0], h.ns_coefficients[1], h.ns_coefficients[2]});
+    j["ns_steps"] = h.ns_steps;
+    j["adjust_lr_fn"] = muon_lr_adjust_name(h.adjust_lr_fn);
+  }
+  return j;
+}
+
+Hyperparams hyper_from_json(const JsonObject& j, Algorithm optimizer_algorithm, Algorithm& algorithm) {
+  j.only({"lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening", "nesterov", "maximize", "amsgrad",
+          "algorithm", "ns_coefficients", "ns_steps", "adjust_lr_fn"});
+  algorithm = j.has("algorithm") ? algorithm_from_name(j.string("algorithm"), j.path()) : optimizer_algorithm;
   Hyperparams h;
+  if (algorithm == Algorithm::muon) {
+    const nlohmann::json& ns = j.at("ns_coefficients");
+    SHARDOPT_CHECK(ns.is_array() && ns.size() == 3 && ns[0].is_number() && ns[1].is_number() && ns[2].is_number(),
+                   corrupt, "'{}': {} is {}, not three numbers", j.path(), j.name("ns_coefficients"), json_excerpt(ns));
+    for (std::size_t i = 0; i < 3; ++i) h.ns_coefficients[i] = ns[i].get<double>();
+    h.ns_steps = static_cast<int32_t>(j.integer("ns_steps", 0, 99));
+    const std::string adjust = j.string("adjust_lr_fn");
+    bool known = false;
+    for (MuonLrAdjust a : {MuonLrAdjust::none, MuonLrAdjust::original, MuonLrAdjust::match_rms_adamw,
+                           MuonLrAdjust::spectral_unclamped}) {
+      if (adjust == muon_lr_adjust_name(a)) {
+        h.adjust_lr_fn = a;
+        known = true;
+      }
+    }
+    SHARDOPT_CHECK(known, corrupt, "'{}': {} is '{}', not an adjust_lr_fn", j.path(), j.name("adjust_lr_fn"), adjust);
+  }
   h.lr = j.number("lr");
   h.beta1 = j.number("beta1");
   h.beta2 = j.number("beta2");
@@ -68,7 +103,7 @@ partition::Strategy strategy_from_name(const std::string& name, const std::strin
 }
 
 Algorithm algorithm_from_name(const std::string& name, const std::string& path) {
-  for (Algorithm a : {Algorithm::sgd, Algorithm::adam, Algorithm::adamw}) {
+  for (Algorithm a : {Algorithm::sgd, Algorithm::adam, Algorithm::adamw, Algorithm::muon}) {
     if (name == algorithm_name(a)) return a;
   }
   raise(ErrorCode::corrupt, "'{}': unknown algorithm '{}'", path, name);
@@ -109,17 +144,25 @@ Manifest manifest_from_json(const nlohmann::json& json, const std::string& path,
   }
   const nlohmann::json& groups = array_at(j, "groups");
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    m.groups.push_back(hyper_from_json(JsonObject(groups[g], path, fmt::format("groups[{}]", g))));
+    Algorithm algorithm = m.algorithm;
+    m.groups.push_back(hyper_from_json(JsonObject(groups[g], path, fmt::format("groups[{}]", g)), m.algorithm, algorithm));
+    m.group_algorithms.push_back(algorithm);
   }
   const nlohmann::json& params = array_at(j, "params");
   for (std::size_t i = 0; i < params.size(); ++i) {
     const JsonObject p(params[i], path, fmt::format("params[{}]", i));
-    p.only({"name", "numel", "dtype", "group", "trainable", "step", "has_momentum_buffer"});
+    p.only({"name", "numel", "dtype", "group", "shape", "trainable", "step", "has_momentum_buffer"});
     ManifestParam r;
     r.name = p.string("name");
     r.numel = p.integer("numel", 0, kMaxElements);
     r.dtype = dtype_from_name(p.string("dtype"), path, p.name("dtype"));
     r.group = static_cast<int32_t>(p.integer("group", 0, INT32_MAX));
+    if (p.has("shape")) {
+      const nlohmann::json& shape = array_at(p, "shape");
+      for (std::size_t d = 0; d < shape.size(); ++d) {
+        r.shape.push_back(json_integer(shape[d], 0, kMaxElements, path, fmt::format("params[{}].shape[{}]", i, d)));
+      }
+    }
     r.trainable = p.boolean("trainable");
     r.step = p.integer("step", 0, INT64_MAX);
     r.has_momentum_buffer = p.boolean("has_momentum_buffer");
@@ -165,6 +208,32 @@ int claimed_version(const nlohmann::json& json) {
 
 }  // namespace
 
+Algorithm group_algorithm(const Manifest& m, std::size_t g) {
+  return g < m.group_algorithms.size() ? m.group_algorithms[g] : m.algorithm;
+}
+
+std::vector<partition::ParamInfo> layout_infos(const Manifest& m) {
+  std::vector<partition::ParamInfo> infos;
+  for (const ManifestParam& p : m.params) {
+    const auto g = static_cast<std::size_t>(p.group);
+    infos.push_back(optim::layout_info(p.numel, p.group, p.trainable, group_algorithm(m, g), p.shape, m.groups[g]));
+  }
+  return infos;
+}
+
+namespace {
+
+ojson param_to_json(const ManifestParam& p) {
+  ojson j{{"name", p.name}, {"numel", p.numel}, {"dtype", dtype_name(p.dtype)}, {"group", p.group}};
+  if (!p.shape.empty()) j["shape"] = p.shape;
+  j["trainable"] = p.trainable;
+  j["step"] = p.step;
+  j["has_momentum_buffer"] = p.has_momentum_buffer;
+  return j;
+}
+
+}  // namespace
+
 int64_t Manifest::frozen_numel() const {
   int64_t n = 0;
   for (const ManifestParam& p : params) n += p.trainable ? 0 : p.numel;
@@ -199,17 +268,11 @@ std::string manifest_to_json(const Manifest& m) {
   j["state_kinds"] = m.state_kinds;
   if (m.has_loss_scale) j["loss_scaling"] = ojson{{"scale", m.loss_scale}, {"growth_tracker", m.growth_tracker}};
   j["groups"] = ojson::array();
-  for (const Hyperparams& h : m.groups) j["groups"].push_back(hyper_to_json(h));
-  j["params"] = ojson::array();
-  for (const ManifestParam& p : m.params) {
-    j["params"].push_back(ojson{{"name", p.name},
-                                {"numel", p.numel},
-                                {"dtype", dtype_name(p.dtype)},
-                                {"group", p.group},
-                                {"trainable", p.trainable},
-                                {"step", p.step},
-                                {"has_momentum_buffer", p.has_momentum_buffer}});
+  for (std::size_t g = 0; g < m.groups.size(); ++g) {
+    j["groups"].push_back(group_to_json(m.groups[g], group_algorithm(m, g), m.algorithm));
   }
+  j["params"] = ojson::array();
+  for (const ManifestParam& p : m.params) j["params"].push_back(param_to_json(p));
   j["files"] = ojson::array();
   for (const ManifestFile& f : m.files) {
     ojson segments = ojson::array();
@@ -290,22 +353,14 @@ Manifest read_manifest(const std::string& dir, bool accept_version_1) {
 
 std::string params_summary_json(const Manifest& m) {
   ojson j = ojson::array();
-  for (const ManifestParam& p : m.params) {
-    j.push_back(ojson{{"name", p.name},
-                      {"numel", p.numel},
-                      {"dtype", dtype_name(p.dtype)},
-                      {"group", p.group},
-                      {"trainable", p.trainable},
-                      {"step", p.step},
-                      {"has_momentum_buffer", p.has_momentum_buffer}});
-  }
+  for (const ManifestParam& p : m.params) j.push_back(param_to_json(p));
   return j.dump();
 }
 
 std::string groups_summary_json(const Manifest& m) {
   ojson j = ojson::array();
   for (std::size_t g = 0; g < m.groups.size(); ++g) {
-    ojson group = hyper_to_json(m.groups[g]);
+    ojson group = group_to_json(m.groups[g], group_algorithm(m, g), m.algorithm);
     std::vector<int64_t> members;
     for (std::size_t i = 0; i < m.params.size(); ++i) {
       if (static_cast<std::size_t>(m.params[i].group) == g) members.push_back(static_cast<int64_t>(i));

@@ -42,6 +42,7 @@ struct ManifestParam {
   bool trainable = true;
   int64_t step = 0;
   bool has_momentum_buffer = false;
+  std::vector<int64_t> shape{};  // as registered; empty: 1-D (written only when set)
 };
 
 struct ManifestFile {
@@ -62,6 +63,9 @@ struct Manifest {
   Algorithm algorithm = Algorithm::adam;
   std::vector<std::string> state_kinds;
   std::vector<Hyperparams> groups;
+  // Each group's algorithm (a group's "algorithm" key, written where it differs from the
+  // optimizer's `algorithm`; Muon's own hyperparameters are written for Muon groups only).
+  std::vector<Algorithm> group_algorithms;
   std::vector<ManifestParam> params;
   std::vector<ManifestFile> files;
   // Loss scaling's state (GradScaler's scale and growth count) when the optimizer had it on.
@@ -74,6 +78,10 @@ struct Manifest {
 };
 
 const char* strategy_name(partition::Strategy strategy);
+// Group g's algorithm (the manifest's own where group_algorithms does not say).
+Algorithm group_algorithm(const Manifest& manifest, std::size_t g);
+// The partition's view of the saved parameters (optim::layout_info of each).
+std::vector<partition::ParamInfo> layout_infos(const Manifest& manifest);
 // The manifest's text in the current format version, its checksum last.
 std::string manifest_to_json(const Manifest& manifest);
 // Parses and checks `text` (read from `path`, named in errors): the checksum first (any change

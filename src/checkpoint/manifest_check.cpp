@@ -32,7 +32,7 @@ void check_params_and_groups(const Manifest& m, const std::string& path) {
   for (std::size_t g = 0; g < m.groups.size(); ++g) {
     // The checks a step makes: a checkpoint a step would refuse does not verify either.
     try {
-      optim::validate_hyperparams(m.groups[g], m.algorithm, static_cast<int>(g));
+      optim::validate_hyperparams(m.groups[g], group_algorithm(m, g), static_cast<int>(g));
     } catch (const Error& e) {
       raise(ErrorCode::corrupt, "'{}': groups[{}] holds hyperparameters no optimizer accepts: {}", path, g, e.what());
     }
@@ -48,6 +48,15 @@ void check_params_and_groups(const Manifest& m, const std::string& path) {
     // An optimizer's parameters share one dtype (ParamTable), so its checkpoint's do too.
     SHARDOPT_CHECK(p.dtype == m.params[0].dtype, corrupt, "'{}': params[{}] '{}' is {} but params[0] is {}", path, i,
                    p.name, dtype_name(p.dtype), dtype_name(m.params[0].dtype));
+    if (group_algorithm(m, static_cast<std::size_t>(p.group)) == Algorithm::muon) {
+      // Without multiplying: the dimensions come from the file and may be huge.
+      const bool matrix = p.shape.size() == 2 && (p.shape[0] == 0 ? p.numel == 0 && p.shape[1] >= 0
+                                                                   : p.numel % p.shape[0] == 0 &&
+                                                                         p.numel / p.shape[0] == p.shape[1]);
+      SHARDOPT_CHECK(matrix, corrupt,
+                     "'{}': params[{}] '{}' is in a Muon group but has no 2-D shape of {} elements", path, i, p.name,
+                     p.numel);
+    }
     SHARDOPT_CHECK(checked_add(total, p.numel, &total) && total <= kMaxElements, corrupt,
                    "'{}': the parameters hold more than {} elements in all", path, kMaxElements);
   }
@@ -57,7 +66,16 @@ void check_params_and_groups(const Manifest& m, const std::string& path) {
 // groups and dtype need: a manifest that lists fewer would load with state silently zeroed.
 void check_state_kinds(const Manifest& m, const std::string& path) {
   const DType dtype = m.params.empty() ? DType::f32 : m.params[0].dtype;
-  const auto needed = optim::state_kinds_needed(m.algorithm, dtype, m.groups);
+  std::vector<Algorithm> algorithms;
+  for (std::size_t g = 0; g < m.groups.size(); ++g) algorithms.push_back(group_algorithm(m, g));
+  const auto needed = optim::state_kinds_needed(algorithms, dtype, m.groups);
+  // The kinds some group's algorithm keeps (whatever its hyperparameters now say).
+  bool keeps_momentum = false;
+  bool keeps_moments = false;
+  for (Algorithm a : algorithms) {
+    keeps_momentum = keeps_momentum || a == Algorithm::sgd || a == Algorithm::muon;
+    keeps_moments = keeps_moments || a == Algorithm::adam || a == Algorithm::adamw;
+  }
   std::array<bool, optim::kStateKinds> listed{};
   int previous = -1;
   for (const std::string& name : m.state_kinds) {
@@ -67,8 +85,7 @@ void check_state_kinds(const Manifest& m, const std::string& path) {
     previous = k;
     const bool sgd_kind = k == optim::kMomentum;
     const bool adam_kind = k == optim::kExpAvg || k == optim::kExpAvgSq || k == optim::kMaxExpAvgSq;
-    const bool allowed = k == optim::kMaster ? dtype != DType::f32
-                                             : (m.algorithm == Algorithm::sgd ? sgd_kind : adam_kind);
+    const bool allowed = k == optim::kMaster ? dtype != DType::f32 : (sgd_kind ? keeps_momentum : adam_kind && keeps_moments);
     SHARDOPT_CHECK(allowed, corrupt, "'{}': state_kinds holds '{}', which a {} optimizer over {} parameters does not keep",
                    path, name, algorithm_name(m.algorithm), dtype_name(dtype));
     listed[static_cast<std::size_t>(k)] = true;

@@ -121,8 +121,7 @@ void reshard_checkpoint(const std::string& dir, const std::string& out_dir, cons
     strategy = *options.partition == PartitionStrategy::flat ? partition::Strategy::flat
                                                              : partition::Strategy::sorted_greedy;
   }
-  std::vector<partition::ParamInfo> infos;
-  for (const checkpoint::ManifestParam& p : old.params) infos.push_back({p.numel, p.group, p.trainable});
+  const std::vector<partition::ParamInfo> infos = checkpoint::layout_infos(old);
   // The alignment an optimizer uses, so the result equals what a save at that world size writes.
   const partition::Layout layout = partition::make_layout(strategy, infos, options.world_size, optim::kShardAlignment);
 

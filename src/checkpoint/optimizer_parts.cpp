@@ -1,17 +1,24 @@
 // src/checkpoint/optimizer_parts.cpp — checks shared by checkpoint loads and saves: state kind names, same model.
 #include "checkpoint/optimizer_parts.hpp"
 
+#include <fmt/ranges.h>
+
 #include "core/check.hpp"
 
 namespace shardopt {
 namespace checkpoint {
 namespace {
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return shape.empty() ? "" : fmt::format(", shape [{}]", fmt::join(shape, ", "));
+}
 std::string describe_saved(const ManifestParam& p) {
-  return fmt::format("'{}' (numel {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype), p.group);
+  return fmt::format("'{}' (numel {}{}, {}, group {})", p.name, p.numel, shape_text(p.shape), dtype_name(p.dtype),
+                     p.group);
 }
 std::string describe_here(const optim::ParamRecord& p) {
-  return fmt::format("'{}' (numel {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype), p.group);
+  return fmt::format("'{}' (numel {}{}, {}, group {})", p.name, p.numel, shape_text(p.shape), dtype_name(p.dtype),
+                     p.group);
 }
 
 }  // namespace
@@ -24,16 +31,21 @@ std::vector<std::string> state_kind_names(const optim::StateMask& kinds) {
   return names;
 }
 
-void check_same_model(Algorithm algorithm, const std::vector<optim::ParamRecord>& params, std::size_t num_groups,
-                      const Manifest& manifest, const std::string& source) {
-  SHARDOPT_CHECK(manifest.algorithm == algorithm, mismatch, "{} was saved by a {} optimizer; this optimizer runs {}",
-                 source, algorithm_name(manifest.algorithm), algorithm_name(algorithm));
+void check_same_model(const optim::ParamTable& table, const Manifest& manifest, const std::string& source) {
+  const std::vector<optim::ParamRecord>& params = table.params();
+  const std::size_t num_groups = table.groups().size();
+  for (std::size_t g = 0; g < std::min(num_groups, manifest.groups.size()); ++g) {
+    const Algorithm saved = group_algorithm(manifest, g);
+    const Algorithm here = table.algorithm(static_cast<int>(g));
+    SHARDOPT_CHECK(saved == here, mismatch, "{} was saved with param group {} running {}; here it runs {}", source, g,
+                   algorithm_name(saved), algorithm_name(here));
+  }
   const std::size_t common = std::min(manifest.params.size(), params.size());
   for (std::size_t i = 0; i < common; ++i) {
     const ManifestParam& saved = manifest.params[i];
     const optim::ParamRecord& here = params[i];
     SHARDOPT_CHECK(saved.name == here.name && saved.numel == here.numel && saved.dtype == here.dtype &&
-                       saved.group == here.group,
+                       saved.group == here.group && saved.shape == here.shape,
                    mismatch, "{} is of another model: parameter #{} is {} in the checkpoint but {} here", source, i,
                    describe_saved(saved), describe_here(here));
   }

@@ -33,10 +33,9 @@ struct OptimizerParts {
 std::vector<std::string> state_kind_names(const optim::StateMask& kinds);
 
 // Error(mismatch) naming the first parameter (or group count) where `manifest` differs from
-// what is registered (names, numels, dtypes, groups), or the algorithm. `source` names the
-// checkpoint in the message.
-void check_same_model(Algorithm algorithm, const std::vector<optim::ParamRecord>& params, std::size_t num_groups,
-                      const Manifest& manifest, const std::string& source);
+// what is registered (names, numels, shapes, dtypes, groups), or a group's algorithm. `source`
+// names the checkpoint in the message.
+void check_same_model(const optim::ParamTable& table, const Manifest& manifest, const std::string& source);
 
 // Collective (sharded_checkpoint.cpp). save: shard files, then rank 0's manifest. load:
 // validates and reads everything, the ranks agree, then installs; the caller syncs parameters.

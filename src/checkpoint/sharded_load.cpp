@@ -83,7 +83,7 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   const Manifest& m = prep.manifest;
   const std::string source = fmt::format("checkpoint '{}'", dir);
   // Another model's checkpoint is refused before any shard file is read.
-  check_same_model(parts.config.algorithm, parts.table.params(), parts.table.groups().size(), m, source);
+  check_same_model(parts.table, m, source);
 
   CheckpointReader reader(dir, m);
   // Each file's header and checksum are checked by one rank (files spread round-robin), so
@@ -91,8 +91,7 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   check_checkpoint_files(reader, FileShare{dev.rank(), dev.world()});
 
   // The layout this optimizer will have: its own strategy and world, the saved trainable flags.
-  std::vector<partition::ParamInfo> infos;
-  for (const ManifestParam& p : m.params) infos.push_back({p.numel, p.group, p.trainable});
+  const std::vector<partition::ParamInfo> infos = layout_infos(m);
   const partition::Layout target =
       partition::make_layout(optim::strategy_of(parts.config), infos, dev.world(), optim::kShardAlignment);
   const partition::RankShard& shard = target.shards[static_cast<std::size_t>(dev.rank())];
@@ -100,7 +99,9 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   // bf16/f16 optimizers also keep their fp32 masters (a "master" state kind). A kind the
   // checkpoint holds beyond what its groups need now (momentum switched off after it was
   // created) is state torch keeps too: it is loaded, not dropped.
-  prep.kinds = optim::state_kinds_needed(parts.config.algorithm, parts.table.dtype(), m.groups);
+  std::vector<Algorithm> algorithms;
+  for (std::size_t g = 0; g < m.groups.size(); ++g) algorithms.push_back(group_algorithm(m, g));
+  prep.kinds = optim::state_kinds_needed(algorithms, parts.table.dtype(), m.groups);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     prep.kinds[k] = prep.kinds[k] || reader.has_tensor(optim::kStateNames[k]);
   }

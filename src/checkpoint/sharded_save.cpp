@@ -98,11 +98,12 @@ Manifest build_manifest(const OptimizerParts& parts, uint64_t generation, const 
   m.algorithm = parts.config.algorithm;
   m.state_kinds = kinds;
   m.groups.assign(parts.table.groups().begin(), parts.table.groups().end());
+  m.group_algorithms.assign(parts.table.algorithms().begin(), parts.table.algorithms().end());
   m.has_loss_scale = parts.config.loss_scaling.enabled;
   m.loss_scale = parts.step.loss_scale();
   m.growth_tracker = parts.step.growth_tracker();
   for (const optim::ParamRecord& p : parts.table.params()) {
-    m.params.push_back({p.name, p.numel, p.dtype, p.group, p.trainable, p.step, p.has_momentum_buffer});
+    m.params.push_back({p.name, p.numel, p.dtype, p.group, p.trainable, p.step, p.has_momentum_buffer, p.shape});
   }
   for (int f = 0; f < count; ++f) {
     const partition::RankShard& shard = state.layout().shards[static_cast<std::size_t>(f)];
@@ -167,7 +168,7 @@ SaveTicket start_save(const OptimizerParts& parts, const std::string& dir) {
   try {
     // A checkpoint whose hyperparameters a load would refuse is not worth writing.
     for (std::size_t g = 0; g < parts.table.groups().size(); ++g) {
-      optim::validate_hyperparams(parts.table.groups()[g], parts.config.algorithm, static_cast<int>(g));
+      optim::validate_hyperparams(parts.table.groups()[g], parts.table.algorithm(static_cast<int>(g)), static_cast<int>(g));
     }
     t.created_dir = !directory_exists(dir);
     make_directories(dir);

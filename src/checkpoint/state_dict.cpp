@@ -29,11 +29,21 @@ std::vector<Hyperparams> hypers_of(const StateDict& dict) {
   return hypers;
 }
 
+// Each group's algorithm as the dict says (a group without one runs the dict's algorithm).
+std::vector<Algorithm> algorithms_of(const StateDict& dict) {
+  std::vector<Algorithm> algorithms;
+  for (const ParamGroupState& g : dict.param_groups) algorithms.push_back(g.settings.algorithm.value_or(dict.algorithm));
+  return algorithms;
+}
+
 }  // namespace
 
 std::vector<ParamGroupState> current_groups(const optim::ParamTable& table) {
   std::vector<ParamGroupState> groups(table.groups().size());
-  for (std::size_t g = 0; g < groups.size(); ++g) groups[g].hyper = table.groups()[g];
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    groups[g].hyper = table.groups()[g];
+    groups[g].settings.algorithm = table.algorithms()[g];
+  }
   for (std::size_t i = 0; i < table.size(); ++i) {
     groups[static_cast<std::size_t>(table.params()[i].group)].params.push_back(static_cast<ParamId>(i));
   }
@@ -67,7 +77,9 @@ std::optional<StateDict> gather_state_dict(const OptimizerParts& parts, int to) 
       if (!has_state(p)) continue;
       ParamState& s = dict.state[static_cast<ParamId>(i)];
       s.step = p.step;
+      const Algorithm algorithm = parts.table.algorithm(p.group);
       for (std::size_t k : kind_list) {
+        if (!optim::kind_belongs(algorithm, k)) continue;  // another group's kind
         if (k == optim::kMomentum && !p.has_momentum_buffer) continue;
         s.tensors[optim::kStateNames[k]].assign(static_cast<std::size_t>(p.numel), 0.f);
       }
@@ -177,9 +189,13 @@ void check_state_dict(const OptimizerParts& parts, const StateDict& sd) {
   for (std::size_t g = 0; g < sd.param_groups.size(); ++g) {
     SHARDOPT_CHECK(sd.param_groups[g].params == groups_here[g].params, mismatch,
                    "load_state_dict: param group {} holds other parameters in the state dict than here", g);
-    optim::validate_hyperparams(sd.param_groups[g].hyper, algorithm, static_cast<int>(g));
+    const Algorithm saved = sd.param_groups[g].settings.algorithm.value_or(sd.algorithm);
+    const Algorithm here = parts.table.algorithm(static_cast<int>(g));
+    SHARDOPT_CHECK(saved == here, mismatch, "load_state_dict: param group {} runs {} in the state dict but {} here", g,
+                   algorithm_name(saved), algorithm_name(here));
+    optim::validate_hyperparams(sd.param_groups[g].hyper, here, static_cast<int>(g));
   }
-  const optim::StateMask kinds = optim::state_kinds_needed(algorithm, parts.table.dtype(), hypers_of(sd));
+  const optim::StateMask kinds = optim::state_kinds_needed(algorithms_of(sd), parts.table.dtype(), hypers_of(sd));
   for (const auto& [id, s] : sd.state) {
     SHARDOPT_CHECK(id >= 0 && static_cast<std::size_t>(id) < params.size(), invalid_argument,
                    "load_state_dict: state for parameter #{} which does not exist", id);
@@ -188,9 +204,10 @@ void check_state_dict(const OptimizerParts& parts, const StateDict& sd) {
     SHARDOPT_CHECK(s.step >= 0, invalid_argument, "load_state_dict: parameter '{}' has negative step {}", p.name, s.step);
     for (const auto& [kind, values] : s.tensors) {
       const std::size_t k = kind_index(kind);
-      SHARDOPT_CHECK(k < optim::kStateKinds && kinds[k], invalid_argument,
-                     "load_state_dict: parameter '{}' has state '{}', which a {} optimizer with these groups does not keep",
-                     p.name, kind, algorithm_name(algorithm));
+      const Algorithm group_algorithm = parts.table.algorithm(p.group);
+      SHARDOPT_CHECK(k < optim::kStateKinds && kinds[k] && optim::kind_belongs(group_algorithm, k), invalid_argument,
+                     "load_state_dict: parameter '{}' has state '{}', which a {} group does not keep", p.name, kind,
+                     algorithm_name(group_algorithm));
       SHARDOPT_CHECK(static_cast<int64_t>(values.size()) == p.numel, invalid_argument,
                      "load_state_dict: '{}' of parameter '{}' has {} elements, the parameter {}", kind, p.name,
                      values.size(), p.numel);
@@ -238,7 +255,7 @@ void install_state_dict(const OptimizerParts& parts, const StateDict& sd) {
   }
   // State absent from the dict starts afresh (zeros, as torch's lazily created state); a
   // bf16/f16 master absent from it is seeded from the current parameter values.
-  const optim::StateMask kinds = optim::state_kinds_needed(parts.config.algorithm, table.dtype(), hypers_of(sd));
+  const optim::StateMask kinds = optim::state_kinds_needed(algorithms_of(sd), table.dtype(), hypers_of(sd));
   const partition::RankShard& shard = parts.shard.own_shard();
   // Shard elements [first, first + count) of kind k as the dict has them (zeros elsewhere).
   auto fill = [&](std::size_t k, int64_t first, int64_t count, float* out) {

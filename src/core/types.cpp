@@ -25,6 +25,17 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::sgd: return "sgd";
     case Algorithm::adam: return "adam";
     case Algorithm::adamw: return "adamw";
+    case Algorithm::muon: return "muon";
+  }
+  return "unknown";
+}
+
+const char* muon_lr_adjust_name(MuonLrAdjust adjust) {
+  switch (adjust) {
+    case MuonLrAdjust::none: return "none";
+    case MuonLrAdjust::original: return "original";
+    case MuonLrAdjust::match_rms_adamw: return "match_rms_adamw";
+    case MuonLrAdjust::spectral_unclamped: return "spectral_unclamped";
   }
   return "unknown";
 }

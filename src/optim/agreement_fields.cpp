@@ -34,14 +34,23 @@ void add_hyper_fields(const Hyperparams& h, const std::string& prefix, comm::Agr
   record.field(prefix + "nesterov", text(h.nesterov));
   record.field(prefix + "maximize", text(h.maximize));
   record.field(prefix + "amsgrad", text(h.amsgrad));
+  record.field(prefix + "ns_coefficients",
+               fmt::format("({}, {}, {})", h.ns_coefficients[0], h.ns_coefficients[1], h.ns_coefficients[2]));
+  record.field(prefix + "ns_steps", text(h.ns_steps));
+  record.field(prefix + "adjust_lr_fn", muon_lr_adjust_name(h.adjust_lr_fn));
 }
 
 }  // namespace
 
 void validate_config(const OptimizerConfig& config) {
   const int algorithm = static_cast<int>(config.algorithm);
-  SHARDOPT_CHECK(algorithm >= 0 && algorithm <= 2, invalid_argument, "config.algorithm {} is not sgd, adam or adamw",
-                 algorithm);
+  SHARDOPT_CHECK(algorithm >= 0 && algorithm <= 3, invalid_argument,
+                 "config.algorithm {} is not sgd, adam, adamw or muon", algorithm);
+  const int muon_precision = static_cast<int>(config.muon.precision);
+  SHARDOPT_CHECK(muon_precision == 0 || muon_precision == 1, invalid_argument,
+                 "config.muon.precision {} is not bf16 or f32", muon_precision);
+  SHARDOPT_CHECK(config.muon.blas_threads >= 1, invalid_argument, "config.muon.blas_threads must be >= 1, got {}",
+                 config.muon.blas_threads);
   const int partition = static_cast<int>(config.partition);
   SHARDOPT_CHECK(partition == 0 || partition == 1, invalid_argument,
                  "config.partition {} is not flat or sorted_greedy", partition);
@@ -104,6 +113,8 @@ void add_config_fields(const OptimizerConfig& config, comm::AgreementRecord& rec
   record.field("config.loss_scaling.min_scale", text(ls.min_scale));
   record.field("config.divide_by_initial_world_size", text(config.divide_by_initial_world_size));
   record.field("config.overlap", overlap_policy_name(config.overlap));
+  record.field("config.muon.precision", config.muon.precision == MatrixPrecision::bf16 ? "bf16" : "f32");
+  record.field("config.muon.blas_threads", text(config.muon.blas_threads));
   record.field("config.defaults", config.defaults ? "set" : "unset");
   if (config.defaults) add_hyper_fields(*config.defaults, "config.defaults.", record);
 }
@@ -117,6 +128,8 @@ void add_registration_fields(const Registration& registration, std::size_t first
   // Groups first: a rank that registered fewer parameters then runs out of fields exactly where
   // it runs out of parameters, and the message names the first one it lacks.
   for (std::size_t g = 0; g < registration.groups.size(); ++g) {
+    record.field(fmt::format("param group {} algorithm", first_group + static_cast<int>(g)),
+                 algorithm_name(registration.algorithms[g]));
     add_group_fields(registration.groups[g], first_group + static_cast<int>(g), record);
   }
   for (std::size_t g = 0; g < registration.storage.size(); ++g) {

@@ -1,17 +1,24 @@
 // src/optim/cuda_device_ops.cpp — DeviceOps over the CUDA runtime and kernels/cuda, with the launch parameters kept per optimizer; Error(unsupported) without CUDA.
 #include "optim/device_ops.hpp"
 
+#include <memory>
 #include <vector>
 
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 
 #if SHARDOPT_HAVE_CUDA
+#include "cuda/muon_cuda.hpp"
 #include "cuda/update_cuda.hpp"
 #endif
 
 namespace shardopt {
 namespace optim {
+
+void DeviceOps::muon_update(const kernels::UpdateTensors&, float*, int64_t, int64_t, const kernels::MuonScalars&,
+                            const kernels::GradTransform&, const kernels::Rounding&, kernels::MuonPrecision, void*) {
+  raise(ErrorCode::unsupported, "Muon: this device implementation has no Newton-Schulz");
+}
 
 #if SHARDOPT_HAVE_CUDA
 
@@ -75,11 +82,18 @@ class CudaDeviceOps final : public DeviceOps {
   void narrow(const float* src, void* dst, DType dtype, int64_t n, void* stream) override {
     kernels::narrow_cuda(src, dst, dtype, n, stream, &launch_);
   }
+  void muon_update(const kernels::UpdateTensors& t, float* momentum_buf, int64_t rows, int64_t cols,
+                   const kernels::MuonScalars& s, const kernels::GradTransform& gt, const kernels::Rounding& r,
+                   kernels::MuonPrecision precision, void* stream) override {
+    if (!muon_) muon_ = std::make_unique<kernels::MuonCudaWorkspace>();  // only optimizers with Muon groups
+    kernels::muon_update_cuda(t, momentum_buf, rows, cols, s, gt, r, precision, *muon_, stream);
+  }
 
  private:
   Device device_;
   kernels::LaunchCache launch_;  // SM count and occupancy, queried on a kernel's first launch only
   std::vector<device::OwnedStream> streams_;
+  std::unique_ptr<kernels::MuonCudaWorkspace> muon_;  // declared last: freed before the streams
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "core/flat_buffer.hpp"
+#include "cpu/muon_cpu.hpp"
 #include "mixed_update.hpp"
 #include "shardopt/types.hpp"
 #include "update_rules.hpp"
@@ -55,6 +56,11 @@ class DeviceOps {
   // bf16/f16 <-> f32 (masters seeded from parameters, parameters set from f32 values).
   virtual void widen(const void* src, DType dtype, float* dst, int64_t n, void* stream) = 0;
   virtual void narrow(const float* src, void* dst, DType dtype, int64_t n, void* stream) = 0;
+  // One whole Muon matrix (kernels::muon_update_cuda's contract; the implementation keeps its
+  // scratch and cuBLAS handle). Error(unsupported) where an implementation has none.
+  virtual void muon_update(const kernels::UpdateTensors& t, float* momentum_buf, int64_t rows, int64_t cols,
+                           const kernels::MuonScalars& s, const kernels::GradTransform& gt,
+                           const kernels::Rounding& r, kernels::MuonPrecision precision, void* stream);
 };
 
 // The CUDA implementation on `device`, keeping the kernels' launch parameters (SM count,

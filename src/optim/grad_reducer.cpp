@@ -1,13 +1,19 @@
-// src/optim/grad_reducer.cpp — stage 1 (node-shared slots on one node, else a bucketed all-reduce) and stage 2 (buckets reduced to their owners) gradient averaging.
+// src/optim/grad_reducer.cpp — gradient averaging: through node-shared slots on one node (stage 1 and 2), else a bucketed all-reduce (stage 1) or buckets reduced to their owners (stage 2).
 //
 // Stage 1 with bucket view, node-shared parameters and every rank on one node: the gradients
 // are slots of one node-shared mapping (ShardState::node_grad_slots), so the average is a
 // barrier, each rank summing its shard over the slots in memory, and a barrier (average_on_node)
 // instead of MPI's copies through bounce buffers. Its summation order is the binomial tree of
 // MPI's in-place all-reduce, so both paths give the same bits. With config.overlap the buckets
-// still go through MPI (overlap.cpp), over the same slots. Across nodes: the MPI path.
+// still go through MPI (overlap.cpp), over the same slots. External storage on one node copies
+// the caller's gradients into its slot first and the average back out. Across nodes: the MPI
+// path.
 //
-// Stage 2: the layout's positions [0, buffer_numel) are cut into buckets of bucket_elements.
+// Stage 2 on one node with node-shared parameters (either storage): each hand-over copies the
+// gradient into this rank's node-shared slot, and the round's end is stage 1's barrier, sum
+// and barrier with this rank's shard gradients as the only output: no MPI.
+//
+// Stage 2 otherwise: the layout's positions [0, buffer_numel) are cut into buckets of bucket_elements.
 // Each rank's shard is a contiguous range of positions, so a bucket meets each rank's shard in
 // at most one contiguous piece: reducing the bucket is one rooted reduce per owner, straight
 // into that owner's shard gradients. Together they move what one reduce-scatter would.
@@ -41,6 +47,8 @@ uint64_t GradReducer::reduce_all() {
     } else {
       all_reduce_bucket_view();
     }
+  } else if (const NodeGradSlots* slots = shard_.node_grad_slots()) {
+    average_external_on_node(*slots);
   } else {
     all_reduce_external();
   }
@@ -73,25 +81,57 @@ void GradReducer::all_reduce_bucket_view() {
 void GradReducer::average_on_node(const NodeGradSlots& slots) {
   const DType dt = shard_.dtype();
   const partition::RankShard& own = shard_.own_shard();
-  std::vector<const void*> inputs;
   std::vector<void*> outputs;
-  for (char* slot : slots.slots) {
-    inputs.push_back(element(slot, own.offset, dt));
-    outputs.push_back(element(slot, own.offset, dt));
-  }
-  // The barriers order the ranks' plain stores into the slots (the backward's, then the
-  // averages); the fences keep the compiler from moving them across.
+  for (char* slot : slots.slots) outputs.push_back(element(slot, own.offset, dt));
+  sum_own_shard_over_slots(slots, outputs);
+  dev_.finish_gradient_average(shard_.flat_grads().raw(), shard_.layout().buffer_numel, dt);
+}
+
+// This rank's shard of the slots, summed in the fixed tree order and divided, into `outputs`,
+// between two node barriers.
+void GradReducer::sum_own_shard_over_slots(const NodeGradSlots& slots, const std::vector<void*>& outputs) {
+  const DType dt = shard_.dtype();
+  const partition::RankShard& own = shard_.own_shard();
+  std::vector<const void*> inputs;
+  for (char* slot : slots.slots) inputs.push_back(element(slot, own.offset, dt));
+  // The barriers order the ranks' plain stores into the slots (the backward's or the
+  // hand-over's, then the averages); the fences keep the compiler from moving them across.
+  // The second barrier also keeps a rank from writing its slot for the next round while
+  // another still reads it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   slots.node->barrier();
   // As the MPI backend's avg: the sum divided by the world size (a Join round sums and divides
-  // by the active ranks below).
+  // by the active ranks afterwards, in finish_gradient_average).
   const float divisor = dev_.gradient_average_op() == ReduceOp::avg ? static_cast<float>(dev_.world()) : 1.0f;
   kernels::average_slots_cpu(inputs.data(), static_cast<int>(inputs.size()), outputs.data(),
                              static_cast<int>(outputs.size()), dt, own.numel, divisor, config_.cpu_threads);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   slots.node->barrier();
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  dev_.finish_gradient_average(shard_.flat_grads().raw(), shard_.layout().buffer_numel, dt);
+}
+
+// External storage on one node: the caller's gradients are copied into this rank's slot, averaged
+// as with bucket view (the average written into every slot), and copied back out of its own.
+void GradReducer::average_external_on_node(const NodeGradSlots& slots) {
+  const DType dt = shard_.dtype();
+  const partition::Layout& layout = shard_.layout();
+  const core::FlatBuffer& mine = shard_.hand_over_slot();
+  const std::vector<ParamRecord>& params = table_.params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].trainable && params[i].numel > 0) {
+      dev_.copy_bytes(mine.at(layout.param_offset[i]), params[i].user_grad, span_bytes(params[i].numel, dt));
+    }
+  }
+  const partition::RankShard& own = shard_.own_shard();
+  std::vector<void*> outputs;
+  for (char* slot : slots.slots) outputs.push_back(element(slot, own.offset, dt));
+  sum_own_shard_over_slots(slots, outputs);
+  dev_.finish_gradient_average(mine.raw(), layout.buffer_numel, dt);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].trainable && params[i].numel > 0) {
+      dev_.copy_bytes(params[i].user_grad, mine.at(layout.param_offset[i]), span_bytes(params[i].numel, dt));
+    }
+  }
 }
 
 // External: packs trainable gradients into one staging bucket at a time, averages, unpacks.
@@ -214,7 +254,10 @@ void GradReducer::hand_gradient(std::size_t i, const void* grad) {
   const ParamRecord& p = table_.params()[i];
   const DType dt = shard_.dtype();
   const int64_t lo = shard_.layout().param_offset[i];
-  for (int64_t pos = lo; pos < lo + p.numel;) {
+  // On one node: into this rank's slot, where the owners read it when the round finishes.
+  const bool into_slot = shard_.node_grad_slots() != nullptr;
+  if (into_slot && p.numel > 0) dev_.copy_bytes(shard_.hand_over_slot().at(lo), grad, span_bytes(p.numel, dt));
+  for (int64_t pos = lo; !into_slot && pos < lo + p.numel;) {
     const int index = static_cast<int>(pos / bucket_numel());
     Bucket& b = buckets_[static_cast<std::size_t>(index)];
     const int64_t end = std::min(lo + p.numel, b.begin + b.length);
@@ -279,6 +322,11 @@ uint64_t GradReducer::finish_round() {
                    "reduce_gradients(): rank {} never handed the gradient of '{}' with reduce_gradient() in this "
                    "round (every trainable parameter must be handed, on every rank, in the same order)",
                    dev_.rank(), params[i].name);
+  }
+  if (const NodeGradSlots* slots = shard_.node_grad_slots()) {
+    // Every rank's slot is complete after the first barrier: sum this rank's shard over them
+    // straight into its shard gradients (the order is stage 1's, so both stages agree).
+    sum_own_shard_over_slots(*slots, {shard_.shard_grads().raw()});
   }
   for (std::size_t index = 0; index < buckets_.size(); ++index) {
     // Deferred buckets start here, in bucket order (those without a trainable element never do).

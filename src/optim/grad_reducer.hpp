@@ -1,4 +1,4 @@
-// src/optim/grad_reducer.hpp — averaging gradients over the ranks: stage 1 on one node in the node's shared gradient slots, else a bucketed all-reduce; stage 2's buckets reduced to their owners as they complete.
+// src/optim/grad_reducer.hpp — averaging gradients over the ranks: on one node in the node's shared gradient slots (stage 1 and 2), else a bucketed all-reduce (stage 1) or buckets reduced to their owners as they complete (stage 2).
 #pragma once
 
 #include <memory>
@@ -47,6 +47,8 @@ class GradReducer {
 
   void all_reduce_bucket_view();
   void average_on_node(const NodeGradSlots& slots);
+  void average_external_on_node(const NodeGradSlots& slots);
+  void sum_own_shard_over_slots(const NodeGradSlots& slots, const std::vector<void*>& outputs);
   void all_reduce_external();
   void open_round_if_needed();
   int acquire_staging();

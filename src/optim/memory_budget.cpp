@@ -16,8 +16,7 @@ namespace optim {
 
 MemoryBudget registration_budget(const OptimizerConfig& config, const ParamTable& table, const Registration& added,
                                  int rank, int world) {
-  std::vector<partition::ParamInfo> infos = table.infos();
-  for (const ParamRecord& r : added.records) infos.push_back({r.numel, r.group, r.trainable});
+  std::vector<partition::ParamInfo> infos = table.infos_with(added);
   // Checks every count (each within 2^56, as their sum and the padded buffer), so the byte
   // counts below stay far inside int64.
   const partition::Layout layout = partition::make_layout(strategy_of(config), infos, world, kShardAlignment);
@@ -28,7 +27,9 @@ MemoryBudget registration_budget(const OptimizerConfig& config, const ParamTable
 
   std::deque<Hyperparams> groups = table.groups();
   groups.insert(groups.end(), added.groups.begin(), added.groups.end());
-  const auto kinds = state_kinds_needed(config.algorithm, dtype, groups);
+  std::deque<Algorithm> algorithms = table.algorithms();
+  algorithms.insert(algorithms.end(), added.algorithms.begin(), added.algorithms.end());
+  const auto kinds = state_kinds_needed(algorithms, dtype, groups);
   MemoryBudget budget;
   for (bool needed : kinds) budget.state += needed ? bytes(shard, DType::f32) : 0;
   const bool stage2 = config.stage == 2;
@@ -45,8 +46,7 @@ MemoryBudget registration_budget(const OptimizerConfig& config, const ParamTable
 }
 
 void check_bucket_count(const OptimizerConfig& config, const ParamTable& table, const Registration& added, int world) {
-  std::vector<partition::ParamInfo> infos = table.infos();
-  for (const ParamRecord& r : added.records) infos.push_back({r.numel, r.group, r.trainable});
+  std::vector<partition::ParamInfo> infos = table.infos_with(added);
   // At most 2^56 (registration_budget checked it), the quantum at most 2^35: no overflow below.
   const int64_t all = partition::checked_total_numel(infos, /*frozen_too=*/true);
   // Every layout's buffer is at most every parameter, padded to whole aligned shards.

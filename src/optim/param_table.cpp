@@ -3,9 +3,12 @@
 
 #include <algorithm>
 
+#include <fmt/ranges.h>
+
 #include "core/check.hpp"
 #include "core/device_memory.hpp"
 #include "optim/hyperparams.hpp"
+#include "optim/muon_update.hpp"
 #include "q8_state.hpp"
 
 namespace shardopt {
@@ -69,15 +72,14 @@ void check_buffers(const std::string& label, const ParamSpec& p, Storage storage
   }
 }
 
-// The group's settings over the config's. The algorithm stays the optimizer's for now: a group
-// naming another is refused rather than ignored.
 // 8-bit moments are Adam's, cut in 256-element blocks of each parameter that a rank updates
 // whole in one kernel call: what would cut a block, or needs state without an 8-bit form, is
 // refused by name.
-void check_q8(const OptimizerConfig& config, const Hyperparams& hyper, int group) {
+void check_q8(const OptimizerConfig& config, Algorithm algorithm, const Hyperparams& hyper, int group) {
   const std::string what = fmt::format("param group {}: state_precision = q8 (8-bit blockwise moments)", group);
-  SHARDOPT_CHECK(config.algorithm != Algorithm::sgd, unsupported,
-                 "{} is implemented for adam and adamw; SGD's momentum keeps fp32 state", what);
+  SHARDOPT_CHECK(algorithm == Algorithm::adam || algorithm == Algorithm::adamw, unsupported,
+                 "{} is implemented for adam and adamw; this group runs {}, whose momentum keeps fp32 state", what,
+                 algorithm_name(algorithm));
   SHARDOPT_CHECK(!config.shard_state || config.partition == PartitionStrategy::sorted_greedy, unsupported,
                  "{} needs partition = sorted_greedy, which keeps each parameter whole on one rank (flat cuts "
                  "parameters at equal shard boundaries, which may fall inside a 256-element block)",
@@ -91,14 +93,10 @@ void check_q8(const OptimizerConfig& config, const Hyperparams& hyper, int group
                  what);
 }
 
-GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& config, const Hyperparams& hyper,
-                             int group) {
+// The group's state layout: its settings over the config's, checked against its own algorithm.
+GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& config, Algorithm algorithm,
+                             const Hyperparams& hyper, int group) {
   const GroupSettings& set = spec.settings;
-  if (set.algorithm) {
-    SHARDOPT_CHECK(*set.algorithm == config.algorithm, unsupported,
-                   "param group {} sets algorithm {}, but this optimizer runs {} for every group", group,
-                   algorithm_name(*set.algorithm), algorithm_name(config.algorithm));
-  }
   GroupStorage out;
   out.state_precision = set.state_precision.value_or(config.state_precision);
   out.master = set.master.value_or(config.master);
@@ -108,8 +106,12 @@ GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& 
   const int master = static_cast<int>(out.master);
   SHARDOPT_CHECK(master == 0 || master == 1, invalid_argument, "param group {}: master {} is not fp32 or remainder16",
                  group, master);
-  if (out.state_precision == StatePrecision::q8) check_q8(config, hyper, group);
+  if (out.state_precision == StatePrecision::q8) check_q8(config, algorithm, hyper, group);
   if (out.master == MasterStorage::remainder16) {
+    SHARDOPT_CHECK(algorithm != Algorithm::muon, unsupported,
+                   "param group {}: master = remainder16 is not implemented for muon (its update writes an fp32 "
+                   "master); use master = fp32 for Muon groups",
+                   group);
     SHARDOPT_CHECK(!config.stochastic_rounding, invalid_argument,
                    "param group {}: master = remainder16 cannot combine with config.stochastic_rounding (the "
                    "parameter is drawn independently of the master, so no 16-bit remainder reconstructs it); use "
@@ -136,8 +138,38 @@ void check_master_storage(const std::string& label, const TensorRef& param, Mast
 }  // namespace
 
 std::string describe(const ParamRecord& p) {
-  return fmt::format("'{}' (numel {}, {}, {}, group {})", p.name, p.numel, dtype_name(p.dtype),
+  const std::string shape = p.shape.empty() ? "" : fmt::format(", shape [{}]", fmt::join(p.shape, ", "));
+  return fmt::format("'{}' (numel {}{}, {}, {}, group {})", p.name, p.numel, shape, dtype_name(p.dtype),
                      p.device.is_cpu() ? "cpu" : "cuda", p.group);
+}
+
+// The shape must describe numel elements; a Muon group takes matrices only (torch.optim.Muon
+// refuses other parameters).
+static void check_shape(const std::string& label, const ParamSpec& p, Algorithm algorithm, int group) {
+  if (!p.shape.empty()) {
+    int64_t product = 1;
+    for (int64_t d : p.shape) {
+      SHARDOPT_CHECK(d >= 0 && d <= partition::kMaxElements, invalid_argument,
+                     "parameter {} has shape [{}]: a dimension outside [0, 2^56]", label, fmt::join(p.shape, ", "));
+      product = d == 0 ? 0 : (product > partition::kMaxElements / d ? partition::kMaxElements + 1 : product * d);
+    }
+    SHARDOPT_CHECK(product == p.param.numel, invalid_argument,
+                   "parameter {} has shape [{}] ({} elements) but numel {}", label, fmt::join(p.shape, ", "), product,
+                   p.param.numel);
+  }
+  if (algorithm == Algorithm::muon && p.param.device.is_cuda()) {
+    // Newton-Schulz on CUDA runs on cuBLAS, opened at run time: refused only where it cannot be.
+    const std::string why = muon_cuda_unavailable_reason();
+    SHARDOPT_CHECK(why.empty(), unsupported,
+                   "parameter {} in param group {} (muon) is on {}, but Muon's Newton-Schulz cannot run there: {}",
+                   label, group, device_name(p.param.device), why);
+  }
+  if (algorithm == Algorithm::muon) {
+    SHARDOPT_CHECK(p.shape.size() == 2, invalid_argument,
+                   "parameter {} in param group {} (muon) has shape [{}]: Muon updates 2-D parameters only (give "
+                   "ParamSpec::shape as [rows, cols], or put the parameter in a group of another algorithm)",
+                   label, group, p.shape.empty() ? fmt::format("{}", p.param.numel) : fmt::format("{}", fmt::join(p.shape, ", ")));
+  }
 }
 
 Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const OptimizerConfig& config,
@@ -165,11 +197,24 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
   for (std::size_t g = 0; g < specs.size(); ++g) {
     const ParamGroupSpec& spec = specs[g];
     const int group_index = num_groups() + static_cast<int>(g);
-    const Hyperparams hyper = spec.hyper.resolve(defaults_);
-    validate_hyperparams(hyper, config.algorithm, group_index);
+    const Algorithm algorithm = spec.settings.algorithm.value_or(config.algorithm);
+    const int algorithm_value = static_cast<int>(algorithm);
+    SHARDOPT_CHECK(algorithm_value >= 0 && algorithm_value <= 3, invalid_argument,
+                   "param group {}: settings.algorithm {} is not sgd, adam, adamw or muon", group_index, algorithm_value);
+    const Hyperparams hyper = spec.hyper.resolve(defaults_for(algorithm));
+    validate_hyperparams(hyper, algorithm, group_index);
     SHARDOPT_CHECK(!spec.params.empty(), invalid_argument, "param group {} has an empty parameter list", group_index);
+    if (algorithm == Algorithm::muon) {
+      // A matrix is updated whole, once all of its gradient is in: per_bucket would update it
+      // when its first bucket lands.
+      SHARDOPT_CHECK(config.overlap != OverlapPolicy::per_bucket, invalid_argument,
+                     "param group {} runs Muon, which updates each matrix whole once all of its gradient is reduced; "
+                     "config.overlap = per_bucket updates bucket by bucket (use after_backward)",
+                     group_index);
+    }
     out.groups.push_back(hyper);
-    out.storage.push_back(resolve_storage(spec, config, hyper, group_index));
+    out.algorithms.push_back(algorithm);
+    out.storage.push_back(resolve_storage(spec, config, algorithm, hyper, group_index));
     for (const ParamSpec& p : spec.params) {
       const std::size_t position = params_.size() + out.records.size();
       const std::string label = p.name.empty() ? fmt::format("#{}", position) : "'" + p.name + "'";
@@ -187,6 +232,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       check_param_device(label, p.param.device, choice, rank);
       check_param_dtype(label, p.param.dtype, choice);
       check_buffers(label, p, config.storage);
+      check_shape(label, p, algorithm, group_index);
       check_master_storage(label, p.param, out.storage.back().master, group_index);
       SHARDOPT_CHECK(out.storage.back().state_precision != StatePrecision::q8 || p.param.device.is_cpu(), unsupported,
                      "param group {}: state_precision = q8 is implemented for CPU parameters only, but parameter {} "
@@ -204,6 +250,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       r.dtype = p.param.dtype;
       r.device = p.param.device;
       r.group = group_index;
+      r.shape = p.shape;
       r.user_param = p.param.data;
       r.user_grad = p.grad.data;
       out.records.push_back(std::move(r));
@@ -220,6 +267,7 @@ void ParamTable::append(Registration registration) {
   }
   for (const Hyperparams& h : registration.groups) groups_.push_back(h);
   for (const GroupStorage& g : registration.storage) storage_.push_back(g);
+  for (Algorithm a : registration.algorithms) algorithms_.push_back(a);
   int64_t next_index = params_.empty() ? 0 : params_.back().first_index + params_.back().numel;
   for (ParamRecord& r : registration.records) {
     r.first_index = next_index;
@@ -272,10 +320,36 @@ bool ParamTable::any_master(MasterStorage master) const {
   return std::any_of(storage_.begin(), storage_.end(), [&](const GroupStorage& g) { return g.master == master; });
 }
 
+Algorithm ParamTable::algorithm(int index) const {
+  SHARDOPT_CHECK(index >= 0 && index < num_groups(), invalid_argument, "param group {} does not exist (there are {})",
+                 index, num_groups());
+  return algorithms_[static_cast<std::size_t>(index)];
+}
+
+bool ParamTable::any_group_runs(Algorithm algorithm) const {
+  return std::find(algorithms_.begin(), algorithms_.end(), algorithm) != algorithms_.end();
+}
+
+Hyperparams ParamTable::defaults_for(Algorithm algorithm) const {
+  return defaults_explicit_ ? defaults_ : default_hyperparams(algorithm);
+}
+
 std::vector<partition::ParamInfo> ParamTable::infos() const {
   std::vector<partition::ParamInfo> infos;
   infos.reserve(params_.size());
-  for (const ParamRecord& p : params_) infos.push_back({p.numel, p.group, p.trainable});
+  for (const ParamRecord& p : params_) {
+    const auto g = static_cast<std::size_t>(p.group);
+    infos.push_back(layout_info(p.numel, p.group, p.trainable, algorithms_[g], p.shape, groups_[g]));
+  }
+  return infos;
+}
+
+std::vector<partition::ParamInfo> ParamTable::infos_with(const Registration& added) const {
+  std::vector<partition::ParamInfo> infos = this->infos();
+  for (const ParamRecord& r : added.records) {
+    const auto g = static_cast<std::size_t>(r.group - num_groups());
+    infos.push_back(layout_info(r.numel, r.group, r.trainable, added.algorithms[g], r.shape, added.groups[g]));
+  }
   return infos;
 }
 

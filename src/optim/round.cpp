@@ -12,7 +12,7 @@ namespace optim {
 void add_step_fields(ZeroOptimizer::Impl& im, comm::AgreementRecord& record) {
   for (int g = 0; g < im.table.num_groups(); ++g) {
     const Hyperparams& h = im.step.hyper(g);
-    record.validate([&] { validate_hyperparams(h, im.config.algorithm, g); });
+    record.validate([&] { validate_hyperparams(h, im.table.algorithm(g), g); });
     add_group_fields(h, g, record);
   }
   record.field("loss scale", fmt::format("{}", im.step.loss_scale()));

@@ -22,7 +22,7 @@ partition::Strategy strategy_of(const OptimizerConfig& config) {
 }
 
 StateMask ShardState::state_kinds_needed() const {
-  StateMask needed = optim::state_kinds_needed(config_.algorithm, dtype(), table_.groups());
+  StateMask needed = optim::state_kinds_needed(table_.algorithms(), dtype(), table_.groups());
   // remainder16 groups keep their masters in remainders_: the fp32 kind exists for fp32 groups
   // (or as materialise_masters()' copy, which state_in_use_ then shows).
   if (dtype() != DType::f32 && !table_.any_master(MasterStorage::fp32)) needed[kMaster] = false;
@@ -172,6 +172,8 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   remainders_ = std::move(next_remainders);
   remainders_in_use_ = remainders_needed;
 
+  NodeGradSlots next_slots;
+  core::FlatBuffer next_hand_over_slot = dev_.new_buffer(0, dt);
   if (bucket_view()) {
     std::vector<int64_t> next_offset(params.size());
     int64_t tail = next.buffer_numel;
@@ -180,10 +182,12 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
       if (!params[i].trainable) tail += params[i].numel;
     }
     core::FlatBuffer next_params = new_param_buffer(tail);
-    // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient().
-    NodeGradSlots next_slots;
-    core::FlatBuffer next_grads =
-        stage2() ? dev_.new_buffer(0, dt) : new_grad_buffer(tail, next_params.borrowed(), next_slots);
+    // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient()
+    // (into a node-shared slot on one node).
+    core::FlatBuffer next_grads = stage2() ? dev_.new_buffer(0, dt) : new_grad_buffer(tail, next_params.borrowed(), next_slots);
+    // (With config.overlap the overlap engine stages stage 2's hand-over itself, through MPI.)
+    const bool hand_over_on_node = stage2() && config_.overlap == OverlapPolicy::off;
+    if (hand_over_on_node) next_hand_over_slot = map_grad_slots(next.buffer_numel, next_params.borrowed(), next_slots);
     fill_params(next_params, next, next_offset, initial, first_new);
     if (!stage2()) {
       for (std::size_t i = 0; i < std::min(params.size(), view_offset_.size()); ++i) {
@@ -195,13 +199,16 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
     if (!initial.empty()) dev_.synchronize("initial parameter values");
     flat_params_ = std::move(next_params);
     flat_grads_ = std::move(next_grads);
-    grad_slots_ = std::move(next_slots);
     view_offset_ = std::move(next_offset);
   } else {
     sync_staging_ = sharded() ? new_param_buffer(next.buffer_numel) : dev_.new_buffer(0, dt);
-    const bool staged = dev_.world() > 1 && !stage2();
+    const bool hand_over_on_node = config_.overlap == OverlapPolicy::off;
+    if (hand_over_on_node) next_hand_over_slot = map_grad_slots(next.buffer_numel, sync_staging_.borrowed(), next_slots);
+    const bool staged = dev_.world() > 1 && !stage2() && next_slots.slots.empty();
     grad_staging_ = dev_.new_buffer(staged ? std::min(next.trainable_numel, bucket_elements(config_, dt)) : 0, dt);
   }
+  grad_slots_ = std::move(next_slots);
+  hand_over_slot_ = std::move(next_hand_over_slot);
   shard_grads_ = dev_.new_buffer(stage2() ? next_shard : 0, dt);
   state_ = std::move(next_state);
   layout_ = std::move(next);
@@ -247,15 +254,20 @@ core::FlatBuffer ShardState::new_param_buffer(int64_t numel) {
 }
 
 core::FlatBuffer ShardState::new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots) {
+  core::FlatBuffer slot = map_grad_slots(numel, params_shared, slots);
+  return slots.slots.empty() ? dev_.new_buffer(numel, dtype()) : std::move(slot);
+}
+
+core::FlatBuffer ShardState::map_grad_slots(int64_t numel, bool params_shared, NodeGradSlots& slots) {
   const DType dt = dtype();
   // Across nodes the reduction stays MPI's (one buffer per rank); decided alike on every rank.
-  if (!params_shared || !nodes_ || nodes_->nodes != 1 || numel <= 0) return dev_.new_buffer(numel, dt);
+  if (!params_shared || !nodes_ || nodes_->nodes != 1 || numel <= 0) return dev_.new_buffer(0, dt);
   Communicator& node = *nodes_->node;
   const std::size_t slot_bytes = core::FlatBuffer::allocation_bytes(numel, dt);
   std::string why_not;
   comm::NodeSharedBuffer mapped = comm::map_node_shared(node, slot_bytes * static_cast<std::size_t>(node.size()), why_not);
   // The node is the world here, and map_node_shared fails on all of its ranks or on none.
-  if (mapped.data == nullptr) return dev_.new_buffer(numel, dt);
+  if (mapped.data == nullptr) return dev_.new_buffer(0, dt);
   slots.node = nodes_->node;
   for (int r = 0; r < node.size(); ++r) {
     slots.slots.push_back(static_cast<char*>(mapped.data) + slot_bytes * static_cast<std::size_t>(r));
@@ -332,7 +344,10 @@ void ShardState::refresh_runs() {
       const bool contiguous = last.shard_offset + last.length == s.shard_offset && last.param + run_bytes == param_at &&
                               last.grad + run_bytes == grad_at && last.first_index + last.length == index &&
                               !last.q8 && !place.q8 && last.moment_offset + last.length == place.moment_offset;
-      if (contiguous && q.group == p.group && q.step == p.step && q.has_momentum_buffer == p.has_momentum_buffer) {
+      // A Muon matrix is its own run: its update needs it whole, and only it.
+      const bool matrix = table_.algorithm(p.group) == Algorithm::muon;
+      if (contiguous && !matrix && q.group == p.group && q.step == p.step &&
+          q.has_momentum_buffer == p.has_momentum_buffer) {
         last.length += s.length;
         continue;
       }

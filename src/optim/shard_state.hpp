@@ -79,12 +79,14 @@ inline std::size_t span_bytes(int64_t count, DType dtype) {
 
 partition::Strategy strategy_of(const OptimizerConfig& config);
 
-// Stage 1 with bucket view and node-shared parameters on one node: every rank's gradients in
-// one node-shared mapping, a slot per rank (its flat_grads() is its slot), so the reduction
-// sums each shard over the slots in memory (grad_reducer.cpp) instead of through MPI.
+// Node-shared parameters on one node: every rank's gradients in one node-shared mapping, a slot
+// per rank, so the reduction sums each shard over the slots in memory (grad_reducer.cpp) instead
+// of through MPI. Stage 1 with bucket view: a rank's flat_grads() is its slot. Stage 2 (either
+// storage) and external storage at stage 1: each gradient is copied into the rank's slot
+// (hand_over_slot()) first.
 struct NodeGradSlots {
   std::shared_ptr<Communicator> node;  // the node's ranks: the world
-  std::vector<char*> slots;            // by node rank, each buffer_numel + frozen elements
+  std::vector<char*> slots;            // by node rank: buffer_numel (+ frozen elements at stage 1)
 };
 
 // Elements in one collective of the gradient reduction, the parameter sync and the state
@@ -146,6 +148,9 @@ class ShardState {
   const core::FlatBuffer& sync_staging() const { return sync_staging_; }
   const core::FlatBuffer& grad_staging() const { return grad_staging_; }
   const core::FlatBuffer& shard_grads() const { return shard_grads_; }
+  // Stage 2 or external storage, on one node with node-shared parameters: this rank's gradient
+  // slot (layout positions [0, buffer_numel)); empty otherwise.
+  const core::FlatBuffer& hand_over_slot() const { return hand_over_slot_; }
   const StateBuffers& state() const { return state_; }
   float* state_data(std::size_t kind) const { return state_[kind].data(); }
   // remainder16 groups: the 16-bit master remainders over this rank's shard (2 bytes per shard
@@ -198,6 +203,10 @@ class ShardState {
   // the node's shared mapping (filling `slots`) where every rank is on one node and the memory
   // could be mapped, else this rank's own.
   core::FlatBuffer new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots);
+  // Collective over the node when `params_shared`: this rank's slot of a node-shared mapping of
+  // a slot per rank (filling `slots`) where every rank is on one node and the memory could be
+  // mapped; an empty buffer otherwise (decided alike on every rank).
+  core::FlatBuffer map_grad_slots(int64_t numel, bool params_shared, NodeGradSlots& slots);
   // Fills the new bucket-view parameter buffer from the old one or the initial values. With a
   // node-shared buffer each element is written once per node: by its owner when the owner is on
   // this node, else by the node's first rank (rebuild() ends with the node's barrier).
@@ -226,6 +235,7 @@ class ShardState {
   core::FlatBuffer sync_staging_;  // external: the rank-ordered shards, for the param sync
   core::FlatBuffer grad_staging_;  // external, stage 1: one bucket for reduce_gradients
   core::FlatBuffer shard_grads_;   // stage 2: this rank's shard of the averaged gradients
+  core::FlatBuffer hand_over_slot_;  // stage 2 / external on one node: this rank's slot
   std::vector<int64_t> view_offset_;  // bucket view: each param's place in flat_params_
   std::shared_ptr<const comm::NodeTopology> nodes_;  // discovered at the first shared buffer
   bool nodes_known_ = false;

@@ -16,22 +16,43 @@ enum StateKind : std::size_t { kExpAvg = 0, kExpAvgSq, kMaxExpAvgSq, kMomentum, 
 inline constexpr const char* kStateNames[kStateKinds] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                          "momentum_buffer", "master"};
 
-// Which state kinds an optimizer of `algorithm` over `dtype` parameters with these groups keeps.
-// `Groups`: any range of Hyperparams (the table's deque, a checkpoint's vector).
-template <typename Groups>
-std::array<bool, kStateKinds> state_kinds_needed(Algorithm algorithm, DType dtype, const Groups& groups) {
+// Whether a parameter of a group of `algorithm` can hold state of kind k (what its algorithm
+// keeps, and the master): a state dict lists only these for it.
+inline bool kind_belongs(Algorithm algorithm, std::size_t k) {
+  if (k == kMaster) return true;
+  if (k == kMomentum) return algorithm == Algorithm::sgd || algorithm == Algorithm::muon;
+  return algorithm == Algorithm::adam || algorithm == Algorithm::adamw;
+}
+
+// The state kinds a group of `algorithm` with hyperparameters `h` keeps (the master aside).
+inline std::array<bool, kStateKinds> group_state_kinds(Algorithm algorithm, const Hyperparams& h) {
   std::array<bool, kStateKinds> needed{};
+  if (algorithm == Algorithm::sgd) {
+    needed[kMomentum] = h.momentum != 0.0;
+  } else if (algorithm == Algorithm::muon) {
+    needed[kMomentum] = true;  // torch.optim.Muon creates its momentum_buffer at the first step
+  } else {
+    needed[kExpAvg] = needed[kExpAvgSq] = true;
+    needed[kMaxExpAvgSq] = h.amsgrad;
+  }
+  return needed;
+}
+
+// Which state kinds an optimizer over `dtype` parameters with these groups keeps: the union
+// over the groups (each of its own algorithm) of their kinds. `Algorithms` and `Groups`: any
+// ranges indexed by group (the table's deques, a checkpoint's vectors).
+template <typename Algorithms, typename Groups>
+std::array<bool, kStateKinds> state_kinds_needed(const Algorithms& algorithms, DType dtype, const Groups& groups) {
+  std::array<bool, kStateKinds> needed{};
+  std::size_t g = 0;
   for (const Hyperparams& h : groups) {
-    if (algorithm == Algorithm::sgd) {
-      needed[kMomentum] = needed[kMomentum] || h.momentum != 0.0;
-    } else {
-      needed[kExpAvg] = needed[kExpAvgSq] = true;
-      needed[kMaxExpAvgSq] = needed[kMaxExpAvgSq] || h.amsgrad;
-    }
+    const std::array<bool, kStateKinds> own = group_state_kinds(algorithms[g++], h);
+    for (std::size_t k = 0; k < kStateKinds; ++k) needed[k] = needed[k] || own[k];
   }
   needed[kMaster] = dtype != DType::f32;
   return needed;
 }
+
 
 }  // namespace optim
 }  // namespace shardopt

@@ -12,7 +12,7 @@ namespace optim {
 
 Step::Step(const DeviceContext& dev, const OptimizerConfig& config, ParamTable& table, ShardState& shard,
            ParamSync& sync)
-    : dev_(dev), config_(config), table_(table), shard_(shard), sync_(sync) {
+    : dev_(dev), config_(config), table_(table), shard_(shard), sync_(sync), muon_(dev, config, shard) {
   scale_ = config.loss_scaling.enabled ? config.loss_scaling.init_scale : 1.0;
 }
 
@@ -120,6 +120,7 @@ void Step::run_all(bool any_nonfinite, double agree_seconds) {
   report_.agree_seconds = agree_seconds;
   report_.update_seconds = 0.0;
   report_.sync_seconds = 0.0;
+  report_.newton_schulz_seconds = 0.0;
   report_.loss_scale = scaling ? scale_ : 1.0;
   report_.grad_norm = pending_norm_;
   report_.clip_coef = pending_clip_;
@@ -145,6 +146,7 @@ void Step::run_all(bool any_nonfinite, double agree_seconds) {
       sync_.update_and_sync(update);
     }
     report_.update_seconds = update_seconds;
+    report_.newton_schulz_seconds = muon_.take_newton_schulz_seconds();
     report_.sync_seconds = std::chrono::duration<double>(Clock::now() - start).count() - update_seconds;
     advance_steps();
     if (scaling && ++growth_tracker_ == config_.loss_scaling.growth_interval) {
@@ -169,6 +171,15 @@ void Step::update_range(int64_t lo, int64_t hi) {
   const bool low_precision = dt != DType::f32;
   const kernels::GradTransform transform{unscale_factor(), pending_clip_};
   for (const UpdateRun& whole : shard_.runs()) {
+    const ParamRecord& owner = table_.params()[static_cast<std::size_t>(whole.first_param)];
+    if (table_.algorithm(owner.group) == Algorithm::muon) {
+      // A matrix is updated whole, by the call whose range holds its first element (its run is
+      // one whole parameter: Muon runs never merge).
+      if (whole.shard_offset >= lo && whole.shard_offset < hi) {
+        muon_.update(whole, owner, hyper(owner.group), transform);
+      }
+      continue;
+    }
     const int64_t begin = std::max(lo, whole.shard_offset);
     const int64_t end = std::min(hi, whole.shard_offset + whole.length);
     if (begin >= end) continue;
@@ -202,7 +213,8 @@ void Step::update_range(int64_t lo, int64_t hi) {
     rounding.seed = config_.rounding_seed;
     rounding.step = static_cast<uint64_t>(p.step + 1);
     rounding.first_index = static_cast<uint64_t>(run.first_index);
-    if (config_.algorithm == Algorithm::sgd) {
+    const Algorithm algorithm = table_.algorithm(p.group);
+    if (algorithm == Algorithm::sgd) {
       const kernels::SgdScalars s = kernels::make_sgd_scalars(h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov,
                                                               h.maximize, !p.has_momentum_buffer);
       if (dev_.on_device()) {
@@ -213,7 +225,7 @@ void Step::update_range(int64_t lo, int64_t hi) {
     } else {
       const kernels::AdamScalars s =
           kernels::make_adam_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
-                                     config_.algorithm == Algorithm::adamw, h.amsgrad, h.maximize, p.step + 1);
+                                     algorithm == Algorithm::adamw, h.amsgrad, h.maximize, p.step + 1);
       if (run.q8) {
         kernels::adam_update_q8_cpu(tensors, shard_.q8_moments(run), run.length, s, transform, rounding, threads);
       } else if (dev_.on_device()) {
@@ -229,14 +241,16 @@ void Step::update_range(int64_t lo, int64_t hi) {
 
 // Every rank advances every trainable param, so step counts agree without communication.
 void Step::advance_steps() {
-  const bool sgd = config_.algorithm == Algorithm::sgd;
   bool buffers_created = false;
   for (std::size_t i = 0; i < table_.size(); ++i) {
     ParamRecord& p = table_.param(static_cast<ParamId>(i));
     if (!p.trainable || p.sits_out_step) continue;
     ++p.step;
     // torch keeps a momentum buffer through steps taken with momentum 0 and resumes it.
-    if (sgd && !p.has_momentum_buffer && hyper(p.group).momentum != 0.0) {
+    // Muon creates its momentum_buffer at the first step, whatever its momentum.
+    const Algorithm algorithm = table_.algorithm(p.group);
+    const bool creates = algorithm == Algorithm::muon || (algorithm == Algorithm::sgd && hyper(p.group).momentum != 0.0);
+    if (creates && !p.has_momentum_buffer) {
       p.has_momentum_buffer = true;
       buffers_created = true;
     }

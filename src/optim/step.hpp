@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu/update_cpu.hpp"
+#include "optim/muon_update.hpp"
 #include "optim/param_sync.hpp"
 
 namespace shardopt {
@@ -75,6 +76,7 @@ class Step {
   core::FlatBuffer stats_scratch_;  // on a device: two doubles of gradient statistics, then the workspace
   UpdateDriver driver_;
   std::vector<Hyperparams> held_;
+  MuonUpdate muon_;
 };
 
 }  // namespace optim

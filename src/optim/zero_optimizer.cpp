@@ -123,6 +123,8 @@ int ZeroOptimizer::num_params() const { return static_cast<int>(impl_->table.siz
 Hyperparams& ZeroOptimizer::hyperparams(int group) { return impl_->table.group(group); }
 const Hyperparams& ZeroOptimizer::hyperparams(int group) const { return impl_->table.group(group); }
 const Hyperparams& ZeroOptimizer::defaults() const { return impl_->table.defaults(); }
+Algorithm ZeroOptimizer::group_algorithm(int group) const { return impl_->table.algorithm(group); }
+const std::vector<int64_t>& ZeroOptimizer::param_shape(ParamId id) const { return impl_->table.param(id).shape; }
 ParamId ZeroOptimizer::find_param(const std::string& name) const { return impl_->table.find(name); }
 const std::string& ZeroOptimizer::param_name(ParamId id) const { return impl_->table.param(id).name; }
 int ZeroOptimizer::param_group(ParamId id) const { return impl_->table.param(id).group; }
@@ -192,7 +194,8 @@ MemoryReport ZeroOptimizer::memory_report() const {
   report.state_bytes += shard.q8_bytes();
   report.param_bytes = shard.flat_params().bytes();
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
-  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + impl_->reducer.staging_bytes() +
+  report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + shard.hand_over_slot().bytes() +
+                        impl_->reducer.staging_bytes() +
                         impl_->overlap.staging_bytes();
   if (const comm::NodeTopology* nodes = shard.node_sharing()) {
     const int64_t shared = shard.shared_buffer().bytes();

@@ -25,7 +25,7 @@ struct ZeroOptimizer::Impl {
         comm_thread(std::move(wired.thread)),
         overlap_refused(std::move(wired.refused)),
         dev(std::move(wired.comm)),
-        table(cfg.defaults.value_or(default_hyperparams(cfg.algorithm))),
+        table(cfg),
         shard(dev, config, table),
         reducer(dev, config, table, shard),
         sync(dev, config, table, shard),

@@ -68,11 +68,84 @@ int64_t checked_total_numel(const std::vector<ParamInfo>& params, bool frozen_to
   return total;
 }
 
+double newton_schulz_cost(int64_t rows, int64_t cols, int ns_steps) {
+  const double m = static_cast<double>(rows);
+  const double n = static_cast<double>(cols);
+  const double k = std::min(m, n);
+  return static_cast<double>(ns_steps) * (4.0 * m * n * k + 2.0 * k * k * k);
+}
+
+std::vector<int32_t> whole_matrix_owners(const std::vector<ParamInfo>& params, int world) {
+  check_inputs(params, world);
+  std::vector<int32_t> owner(params.size(), -1);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].whole) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return params[a].cost > params[b].cost; });
+  std::vector<double> load(static_cast<std::size_t>(world), 0.0);
+  for (std::size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end());  // first minimum: lowest rank
+    owner[i] = static_cast<int32_t>(least - load.begin());
+    *least += params[i].cost;
+  }
+  return owner;
+}
+
 Layout make_flat_layout(const std::vector<ParamInfo>& params, int world, int64_t alignment) {
   check_inputs(params, world);
   SHARDOPT_CHECK(alignment >= 1 && alignment <= kMaxAlignment && (alignment & (alignment - 1)) == 0, invalid_argument,
                  "alignment must be a power of two in [1, {}], got {}", kMaxAlignment, alignment);
   Layout layout = empty_layout(Strategy::flat, params, world, alignment);
+  const bool any_whole = std::any_of(params.begin(), params.end(), [](const ParamInfo& p) { return p.whole; });
+  if (any_whole) {
+    // Whole params: a param is never split between ranks here, so that every param stays
+    // contiguous in the buffer (its view) while each rank's matrices sit inside its shard. The
+    // other params go to the rank where the flat cut would have begun them; then each shard
+    // holds those, then its whole params, in registration order, padded to the largest.
+    const int64_t rest_total = checked_total_numel(params, /*frozen_too=*/false);
+    const int64_t quantum = alignment * world;
+    const int64_t flat_part = (rest_total + quantum - 1) / quantum * quantum / world;
+    const std::vector<int32_t> whole_owner = whole_matrix_owners(params, world);
+    std::vector<int32_t> owner(params.size(), -1);
+    std::vector<int64_t> used(static_cast<std::size_t>(world), 0);
+    int64_t cursor = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].trainable || params[i].whole) continue;
+      owner[i] = static_cast<int32_t>(std::min<int64_t>(world - 1, flat_part == 0 ? 0 : cursor / flat_part));
+      cursor += params[i].numel;
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].whole) owner[i] = whole_owner[i];
+      if (params[i].trainable && owner[i] >= 0) used[static_cast<std::size_t>(owner[i])] += params[i].numel;
+    }
+    const int64_t widest = *std::max_element(used.begin(), used.end());
+    const int64_t shard_numel = (widest + alignment - 1) / alignment * alignment;
+    SHARDOPT_CHECK(shard_numel <= kMaxElements / world, invalid_argument,
+                   "the flat buffer of {} ranks x {} elements (whole matrices are not split) holds more than {} (2^56)",
+                   world, shard_numel, kMaxElements);
+    std::vector<int64_t> fill(static_cast<std::size_t>(world), 0);
+    for (int r = 0; r < world; ++r) {
+      layout.shards[static_cast<std::size_t>(r)].offset = r * shard_numel;
+      layout.shards[static_cast<std::size_t>(r)].numel = shard_numel;
+    }
+    for (bool whole_pass : {false, true}) {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (params[i].whole != whole_pass) continue;
+        layout.param_owner[i] = owner[i];  // whole ones frozen too, as sorted_greedy assigns them
+        if (!params[i].trainable) continue;
+        const std::size_t r = static_cast<std::size_t>(owner[i]);
+        RankShard& shard = layout.shards[r];
+        layout.param_offset[i] = shard.offset + fill[r];
+        if (params[i].numel > 0) shard.segments.push_back(Segment{static_cast<int32_t>(i), 0, fill[r], params[i].numel});
+        fill[r] += params[i].numel;
+      }
+    }
+    layout.buffer_numel = shard_numel * world;
+    layout.trainable_numel = rest_total;
+    return layout;
+  }
   const int64_t total = checked_total_numel(params, /*frozen_too=*/false);
   // quantum <= 2^44 and total <= 2^56: the rounding below cannot overflow.
   const int64_t quantum = alignment * world;
@@ -104,8 +177,9 @@ std::vector<int32_t> sorted_greedy_owners(const std::vector<ParamInfo>& params, 
   for (int32_t group : groups) {
     std::vector<std::size_t> members;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      // torch's _partition_parameters assigns every param of the group, trainable or not.
-      if (params[i].group == group) members.push_back(i);
+      // torch's _partition_parameters assigns every param of the group, trainable or not;
+      // whole matrices go by their cost instead (below).
+      if (params[i].group == group && !params[i].whole) members.push_back(i);
     }
     std::stable_sort(members.begin(), members.end(), [&](std::size_t a, std::size_t b) {
       return params[a].numel > params[b].numel;
@@ -115,6 +189,10 @@ std::vector<int32_t> sorted_greedy_owners(const std::vector<ParamInfo>& params, 
       owner[i] = static_cast<int32_t>(smallest - totals.begin());
       *smallest += params[i].numel;
     }
+  }
+  const std::vector<int32_t> whole = whole_matrix_owners(params, world);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].whole) owner[i] = whole[i];
   }
   return owner;
 }

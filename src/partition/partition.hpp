@@ -31,7 +31,20 @@ struct ParamInfo {
   int64_t numel = 0;
   int32_t group = 0;
   bool trainable = true;
+  // A matrix whose update needs all of it (Muon): owned whole by one rank whatever the
+  // strategy (not under replicated, where every rank holds everything), assigned by `cost`.
+  bool whole = false;
+  double cost = 0.0;  // the work of its update (Muon: the Newton-Schulz flops)
 };
+
+// Muon's Newton-Schulz flops for a rows x cols matrix: ns_steps * (4 m n min(m, n) + 2 min(m, n)^3)
+// (in double: exact for every matrix a layout holds up to 2^53, monotone beyond).
+double newton_schulz_cost(int64_t rows, int64_t cols, int ns_steps);
+
+// Owners of the whole params (whole = true, frozen ones included, so that freezing one moves no
+// other): largest cost first (stable: registration order on ties) to the rank with the least
+// cost so far (lowest rank on ties). -1 for the other params.
+std::vector<int32_t> whole_matrix_owners(const std::vector<ParamInfo>& params, int world);
 
 // Elements of `params` that are trainable (placed in the flat buffer) plus, with
 // `frozen_too`, the frozen ones; Error(invalid_argument) naming the first parameter whose numel
@@ -70,14 +83,20 @@ struct Layout {
 // to kMaxAlignment, numels as checked_total_numel, the padded buffer within kMaxElements).
 //
 // flat: trainable params concatenated in registration order, padded to a multiple of
-// world*alignment; rank r gets elements [r*S, (r+1)*S) with S = that total / world.
+// world*alignment; rank r gets elements [r*S, (r+1)*S) with S = that total / world. With whole
+// params (Muon) among them no param is split, so that every param stays contiguous in the
+// buffer while each matrix sits whole in its owner's shard: the other params each go to the
+// rank whose [r*S, (r+1)*S) holds their first element (S over them alone), the whole ones to
+// whole_matrix_owners' ranks; a shard holds its params in registration order, the whole ones
+// last, and every shard is padded to the largest one's multiple of the alignment.
 Layout make_flat_layout(const std::vector<ParamInfo>& params, int world, int64_t alignment);
 
 // sorted_greedy: torch's algorithm. Per group (in order), all its params, frozen ones included
 // (as torch's _partition_parameters), sorted by numel, largest first (stable), each to the rank
 // with the smallest running total (lowest rank on ties); totals carry across groups. Each shard
 // holds its trainable params in registration order, unpadded; so freezing a param moves no
-// other param to another rank.
+// other param to another rank. Whole params take no part in those totals: they go to
+// whole_matrix_owners' ranks.
 Layout make_sorted_greedy_layout(const std::vector<ParamInfo>& params, int world);
 
 // replicated: one shard with everything, identical on every rank.

@@ -214,7 +214,7 @@ TEST_CASE("the step report carries the step's phase times; the earlier report is
   REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
 }
 
-TEST_CASE("config.master and config.state_precision reach the optimizer; the struct through `overlap` leaves them fp32",
+TEST_CASE("config.master and config.state_precision reach the optimizer; the struct through `muon_blas_threads` leaves them fp32",
           "[capi][versions][compact]") {
   CommHandle comm;
   std::vector<uint16_t> values(5000, 0x3f80);  // bf16 1.0
@@ -254,7 +254,7 @@ TEST_CASE("config.master and config.state_precision reach the optimizer; the str
     CHECK(compact.master_bytes == 2 * compact.shard_numel);
     CHECK(compact.state_bytes == 2 * 5000 + 2 * 4 * 20);
   }
-  // The header's previous struct (through `overlap`): its tail is not read, the state is fp32.
+  // The header's previous struct (through `muon_blas_threads`): its tail is not read, the state is fp32.
   shardopt_optimizer_config older = config;
   older.struct_size = offsetof(shardopt_optimizer_config, state_precision);
   const shardopt_memory_report plain = report_of(&older);

@@ -111,7 +111,7 @@ TEST_CASE("shardopt_default_hyperparams gives torch's constructor defaults per a
   CHECK(h.amsgrad == 0);
 
   CHECK(shardopt_default_hyperparams(static_cast<shardopt_algorithm>(7), &h) == SHARDOPT_ERR_INVALID_ARGUMENT);
-  CHECK(last_error() == "shardopt_default_hyperparams: algorithm is 7, not a shardopt_algorithm (0..2)");
+  CHECK(last_error() == "shardopt_default_hyperparams: algorithm is 7, not a shardopt_algorithm (0..3)");
   CHECK(shardopt_default_hyperparams(SHARDOPT_ALGORITHM_ADAM, nullptr) == SHARDOPT_ERR_NULL_POINTER);
   h.struct_size = 3;
   CHECK(shardopt_default_hyperparams(SHARDOPT_ALGORITHM_ADAM, &h) == SHARDOPT_ERR_STRUCT_SIZE);

@@ -118,6 +118,25 @@ struct config_before_overlap {
   int32_t divide_by_initial_world_size;
 };
 
+struct config_before_muon {
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+  int32_t node_shared_params;
+  int64_t pipeline_chunk_bytes;
+  int32_t divide_by_initial_world_size;
+  int64_t overlap;
+};
+
 struct memory_report_before_master {
   size_t struct_size;
   int64_t state_bytes;
@@ -186,7 +205,8 @@ TEST_CASE("struct sizes of the earlier header are still accepted; others are ref
                               std::to_string(sizeof(config_before_pipelining)) + ", " +
                               std::to_string(sizeof(config_before_join)) + ", " +
                               std::to_string(sizeof(config_before_overlap)) + ", " +
-                              // the struct through `overlap`, before state_precision and master
+                              std::to_string(sizeof(config_before_muon)) + ", " +
+                              // the struct through `muon_blas_threads`, before state_precision and master
                               std::to_string(offsetof(shardopt_optimizer_config, state_precision)) +
                               " from earlier headers";
   config.struct_size = sizeof(config_before_stage) - 8;

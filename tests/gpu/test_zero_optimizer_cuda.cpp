@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -420,4 +422,49 @@ TEST_CASE("the overlapped step (pipelined, update and NCCL on two streams) is bi
       REQUIRE(bitwise_equal(pipelined, unpipelined));
     }
   }
+}
+
+// Muon on CUDA parameters (cuBLAS Newton-Schulz): within the products' reordering tolerance of
+// the CPU path (tests/gpu/test_cuda_muon.cpp: the kernels), the AdamW group beside it bitwise;
+// over NCCL each rank orthogonalises the matrices it owns, and every rank ends with one
+// single-GPU run's bits.
+TEST_CASE("a Muon + AdamW step on CUDA parameters follows the CPU step", "[gpu][zero][muon]") {
+  const std::vector<int64_t> sizes = {24 * 16, 16 * 40, 33 * 33, 16, 7};
+  const std::vector<std::vector<int64_t>> shapes = {{24, 16}, {16, 40}, {33, 33}};
+  const auto train_muon = [&](std::shared_ptr<Communicator> comm, Device device) {
+    Model model(sizes, device, 5);
+    Hyperparams muon_hyper;
+    muon_hyper.lr = 0.02;
+    muon_hyper.weight_decay = 0.1;
+    muon_hyper.momentum = 0.95;
+    muon_hyper.nesterov = true;
+    muon_hyper.eps = 1e-7;
+    ParamGroupSpec matrices = model.group(0, 3, muon_hyper, false);
+    matrices.settings.algorithm = Algorithm::muon;
+    for (std::size_t i = 0; i < 3; ++i) matrices.params[i].shape = shapes[i];
+    OptimizerConfig config;
+    config.algorithm = Algorithm::adamw;
+    config.bucket_bytes = 256;
+    ZeroOptimizer opt(comm, config, {matrices, model.group(3, sizes.size(), hyper_for(Algorithm::adamw), false)});
+    for (int s = 0; s < 4; ++s) {
+      for (ParamId id = 0; id < opt.num_params(); ++id) {
+        const TensorRef g = opt.grad_view(id);
+        write_view(g, seeded_values(500u + static_cast<uint32_t>(s * 31 + id), g.numel, 0.1f), opt.cuda_stream());
+      }
+      opt.step();
+    }
+    return all_params(opt);
+  };
+  const std::vector<float> cpu = train_muon(solo(), Device::cpu());
+  const std::vector<float> gpu = train_muon(solo(), my_device());
+  REQUIRE(gpu.size() == cpu.size());
+  const std::size_t matrix_elements = static_cast<std::size_t>(sizes[0] + sizes[1] + sizes[2]);
+  // Four steps of at most lr x sqrt(max(1, rows/cols)) (<= 0.03) each: a few bf16 steps of that.
+  double gap = 0.0;
+  for (std::size_t i = 0; i < matrix_elements; ++i) gap = std::max(gap, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
+  CAPTURE(gap);
+  CHECK(gap <= 3e-2 * 0.03 * 4);
+  CHECK(std::memcmp(gpu.data() + matrix_elements, cpu.data() + matrix_elements,
+                    (gpu.size() - matrix_elements) * sizeof(float)) == 0);  // AdamW: element-wise, bitwise
+  if (nccl()) REQUIRE(bitwise_equal(train_muon(nccl(), nccl()->device()), gpu));
 }

@@ -1,4 +1,4 @@
-// tests/matrix/matrix_program.cpp — the feature matrix's training program: a few steps of AdamW driven as a trainer drives each feature, with gradients that are functions of (step, rank, param).
+// tests/matrix/matrix_program.cpp — the feature matrix's training program: a few steps of the combination's algorithm (AdamW, SGD, Adam, or Muon beside AdamW) driven as a trainer drives each feature, with gradients that are functions of (step, rank, param).
 #include "matrix_program.hpp"
 
 #include <cstring>
@@ -63,13 +63,20 @@ struct Params {
   }
 };
 
-Hyperparams group_hyperparams(double lr) {
+Hyperparams group_hyperparams(double lr, const Combination& c) {
   Hyperparams h;
   h.lr = lr;
   h.weight_decay = 0.02;
-  h.amsgrad = true;
+  if (c.is("algorithm", "sgd")) {
+    h.momentum = 0.9;
+  } else {
+    h.amsgrad = true;
+  }
   return h;
 }
+
+// The first group's matrix shapes under muon_mixed (kSizes' first three as rows x cols).
+const std::vector<std::vector<int64_t>> kMatrixShapes = {{37, 1}, {8, 8}, {5, 1}};
 
 AveragerConfig averager_config(const std::string& local_sgd) {
   if (local_sgd == "replicas2") return periodic_averager(2, 1);
@@ -85,7 +92,8 @@ int ranks_per_node(const Combination& c, bool reference) {
 
 OptimizerConfig optimizer_config(const Combination& c, bool reference) {
   OptimizerConfig config;
-  config.algorithm = Algorithm::adamw;
+  config.algorithm = c.is("algorithm", "sgd") ? Algorithm::sgd : c.is("algorithm", "adam") ? Algorithm::adam
+                                                                                          : Algorithm::adamw;
   config.bucket_bytes = 256;
   config.overlap = reference ? OverlapPolicy::off
                    : c.is("overlap", "after_backward") ? OverlapPolicy::after_backward
@@ -123,10 +131,19 @@ class Program {
     stage_ = config.stage;
     overlapped_ = config.overlap != OverlapPolicy::off;
     ParamGroupSpec first, second;
-    first.hyper = group_hyperparams(0.01);
-    second.hyper = group_hyperparams(0.02);
+    first.hyper = group_hyperparams(0.01, c_);
+    second.hyper = group_hyperparams(0.02, c_);
+    const bool muon = c_.is("algorithm", "muon_mixed");
+    if (muon) {
+      // Muon's own defaults (momentum 0.95, nesterov) under the matrix's lr and decay.
+      first.settings.algorithm = Algorithm::muon;
+      first.hyper = GroupHyperparams{};
+      first.hyper.lr = 0.01;
+      first.hyper.weight_decay = 0.02;
+    }
     for (std::size_t i = 0; i < kSizes.size(); ++i) {
       (i < kFirstGroupSize ? first : second).params.push_back(params_.spec("p" + std::to_string(i), static_cast<int>(i), kSizes[i]));
+      if (muon && i < kFirstGroupSize) first.params.back().shape = kMatrixShapes[i];
       sizes_.push_back(kSizes[i]);
     }
     phase_ = "construct.ZeroOptimizer";

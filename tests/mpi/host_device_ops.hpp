@@ -67,6 +67,12 @@ class HostDeviceOps final : public shardopt::optim::DeviceOps {
     ++counts_->launches;
     shardopt::kernels::adam_update_cpu(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, gt, r, 1);
   }
+  void muon_update(const shardopt::kernels::UpdateTensors& t, float* momentum_buf, int64_t rows, int64_t cols,
+                   const shardopt::kernels::MuonScalars& s, const shardopt::kernels::GradTransform& gt,
+                   const shardopt::kernels::Rounding& r, shardopt::kernels::MuonPrecision precision, void*) override {
+    ++counts_->launches;
+    shardopt::kernels::muon_update_cpu(t, momentum_buf, rows, cols, s, gt, r, precision, 1, muon_workspace_);
+  }
   void grad_stats(const void* grad, shardopt::DType dtype, int64_t n, float unscale, bool inf_norm, double* out,
                   bool accumulate, void* workspace, void*) override {
     ++counts_->launches;
@@ -97,6 +103,7 @@ class HostDeviceOps final : public shardopt::optim::DeviceOps {
  private:
   static void* token(int64_t n) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(n) * 64); }
   DeviceCallCounts* counts_;
+  shardopt::kernels::MuonWorkspace muon_workspace_;
 };
 
 // The host communicator `inner`, reporting a stream: to DeviceContext it is stream-ordered as

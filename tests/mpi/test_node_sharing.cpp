@@ -124,7 +124,20 @@ void check_same_as_private(const std::shared_ptr<Communicator>& comm, const Setu
   CHECK(orep.node_ranks == 1);
   // What is shared: the parameters (bucket view) or the sync's staging (external storage,
   // counted in buffer_bytes with the gradient staging when private).
-  CHECK(sr.param_bytes + sr.buffer_bytes + sr.node_shared_param_bytes == orep.param_bytes + orep.buffer_bytes);
+  // Stage 2 and external storage, with every rank on one node, also copy the gradients into a
+  // node-shared slot per rank (buffer_bytes): the trainable elements and the shards' alignment
+  // padding (16 each); external storage at stage 1 then needs no private staging bucket
+  // (bucket_bytes 1024 here).
+  const bool slot = shares && (s.stage == 2 || s.external) && (per_node == 0 || comm->size() <= per_node);
+  const int64_t extra = sr.param_bytes + sr.buffer_bytes + sr.node_shared_param_bytes - (orep.param_bytes + orep.buffer_bytes);
+  const int64_t element = static_cast<int64_t>(dtype_size(s.dtype));
+  if (slot) {
+    const int64_t private_staging = s.stage == 1 ? std::min<int64_t>(sr.trainable_numel * element, 1024) : 0;
+    CHECK(extra >= sr.trainable_numel * element - private_staging);
+    CHECK(extra <= (sr.trainable_numel + 16 * comm->size()) * element - private_staging);
+  } else {
+    CHECK(extra == 0);
+  }
   if (shares) {
     CHECK(sr.node_shared_param_bytes > 0);
     if (!s.external) CHECK(sr.param_bytes == 0);

@@ -224,6 +224,21 @@ TEST_CASE("q8 refuses what cannot combine, by name on every rank", "[q8][errors]
     CHECK(code == ErrorCode::unsupported);
     CHECK_THAT(message, Catch::Contains("cannot combine with amsgrad"));
   }
+  SECTION("a group's own algorithm decides: Muon keeps fp32 momentum and fp32 masters") {
+    ParamGroupSpec muon = group;
+    muon.params[0].shape = {50, 100};
+    muon.settings.algorithm = Algorithm::muon;
+    const auto [code, message] = refusal(config, muon);
+    CHECK(code == ErrorCode::unsupported);
+    CHECK_THAT(message, Catch::Contains("param group 0: state_precision = q8") &&
+                            Catch::Contains("implemented for adam and adamw; this group runs muon"));
+    OptimizerConfig remainder = config;
+    remainder.state_precision = StatePrecision::fp32;
+    remainder.master = MasterStorage::remainder16;
+    const auto [remainder_code, remainder_message] = refusal(remainder, muon);
+    CHECK(remainder_code == ErrorCode::unsupported);
+    CHECK_THAT(remainder_message, Catch::Contains("master = remainder16 is not implemented for muon"));
+  }
   SECTION("layout changes, checkpoints, state dicts, amsgrad switched on later") {
     ZeroOptimizer opt(world(), config, {group});
     const std::string dir = fmt::format("{}/q8_np{}", SHARDOPT_TEST_SCRATCH, world()->size());

@@ -53,7 +53,8 @@ wheels=("$work"/dist/shardopt-*.whl)
 echo "built ${wheels[0]##*/} in $((SECONDS - start)) s"
 
 # The extension must load without the CUDA runtime, the driver, NCCL or libfmt: what it needs
-# from the system is Open MPI, OpenMP (libgomp) and the C/C++ runtimes.
+# from the system is Open MPI, OpenMP (libgomp), OpenBLAS (Muon's Newton-Schulz) and the C/C++
+# runtimes.
 unpacked="$work/wheel-contents"
 rm -rf "$unpacked"
 "$tools/bin/python" -m zipfile -e "${wheels[0]}" "$unpacked"
@@ -62,7 +63,7 @@ needed=$(readelf -d "${extension[0]}" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 echo "the extension needs: $(echo $needed)"
 for lib in $needed; do
   case $lib in
-    libmpi.so.*|libmpi_cxx.so.*|libgomp.so.*|libstdc++.so.*|libm.so.*|libgcc_s.so.*|libc.so.*|ld-linux*) ;;
+    libmpi.so.*|libmpi_cxx.so.*|libgomp.so.*|libopenblas.so.*|libstdc++.so.*|libm.so.*|libgcc_s.so.*|libc.so.*|ld-linux*) ;;
     *) echo "the extension needs $lib, which the wheel's README does not list"; exit 1 ;;
   esac
 done

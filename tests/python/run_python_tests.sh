@@ -40,6 +40,12 @@ for np in 1 2; do
   mpirun -n "$np" --oversubscribe "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$source_dir/python/tests"
 done
 
+# The remote optimizer needs MPI_THREAD_MULTIPLE from the start: its own processes, not pytest's.
+for np in 1 2; do
+  echo "== remote optimizer from Python, $np rank(s)"
+  (cd "$work" && mpirun -n "$np" --oversubscribe "$venv/bin/python" "$source_dir/python/tests/remote_check.py")
+done
+
 # ---- torch's ZeRO tutorial with shardopt's drop-in (its own launches: outside mpirun) ----------
 # python/tests/zero_tutorial_check.py starts torchrun and mpirun itself, which must not be nested
 # in an mpirun'd process: it runs here, after the mpirun'd tests, from the plain shell.
@@ -48,6 +54,8 @@ if "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
   "$venv/bin/python" "$source_dir/python/tests/zero_tutorial_check.py"
   echo "== torch's overlap_with_ddp pattern (DDP hook hook_with_zero_step): shardopt under torchrun and mpirun"
   "$venv/bin/python" "$source_dir/python/tests/zero_overlap_ddp_check.py"
+  echo "== torch's RPC DistributedOptimizer example: torch's class and shardopt.torch's, 2 and 3 workers"
+  (cd "$work" && "$venv/bin/python" "$source_dir/python/tests/rpc_dist_optim_check.py")
 else
   echo "== torch's ZeRO tutorial and overlap pattern: skipped: torch cannot be imported"
 fi

@@ -229,3 +229,51 @@ TEST_CASE("layouts refuse counts beyond 2^56 elements instead of wrapping", "[pa
   REQUIRE_THAT(refused([&] { make_layout(Strategy::flat, params_of({8}), (1 << 24) + 1, 16); }),
                Catch::Contains("world size must be in [1, 16777216], got 16777217"));
 }
+
+TEST_CASE("whole params (Muon matrices) sit whole in their owner's shard, by cost, every param contiguous",
+          "[partition][muon]") {
+  using shardopt::partition::newton_schulz_cost;
+  // Vectors (some larger than a flat shard) between matrices of different costs, one frozen.
+  std::vector<ParamInfo> params = params_of({37, 0, 300, 5, 64, 1, 129, 16, 90});
+  const std::vector<std::pair<int, std::pair<int64_t, int64_t>>> matrices = {
+      {2, {20, 15}}, {4, {8, 8}}, {6, {3, 43}}, {8, {9, 10}}};
+  for (const auto& [index, shape] : matrices) {
+    params[static_cast<std::size_t>(index)].whole = true;
+    params[static_cast<std::size_t>(index)].cost = newton_schulz_cost(shape.first, shape.second, 5);
+  }
+  params[8].trainable = false;  // a frozen matrix is assigned (so freezing moves no other), not placed
+  for (int world = 1; world <= 5; ++world) {
+    const std::vector<int32_t> owners = shardopt::partition::whole_matrix_owners(params, world);
+    // The rule by hand: largest cost first to the least-loaded rank.
+    std::vector<std::size_t> order = {2, 4, 6, 8};
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return params[a].cost > params[b].cost; });
+    std::vector<double> load(static_cast<std::size_t>(world), 0.0);
+    for (std::size_t i : order) {
+      const auto least = std::min_element(load.begin(), load.end());
+      REQUIRE(owners[i] == static_cast<int32_t>(least - load.begin()));
+      *least += params[i].cost;
+    }
+    for (Strategy strategy : {Strategy::flat, Strategy::sorted_greedy}) {
+      CAPTURE(world, static_cast<int>(strategy));
+      const Layout layout = shardopt::partition::make_layout(strategy, params, world, 16);
+      std::vector<int64_t> covered(params.size(), 0);
+      for (int r = 0; r < world; ++r) {
+        const auto& shard = layout.shards[static_cast<std::size_t>(r)];
+        if (strategy == Strategy::flat) REQUIRE(shard.numel == layout.shards[0].numel);  // shards stay equal
+        for (const auto& s : shard.segments) {
+          const auto i = static_cast<std::size_t>(s.param);
+          // No param is split, so its view [param_offset, +numel) is this one piece.
+          REQUIRE(s.param_offset == 0);
+          REQUIRE(s.length == params[i].numel);
+          REQUIRE(layout.param_offset[i] == shard.offset + s.shard_offset);
+          if (params[i].whole) REQUIRE(owners[i] == r);
+          covered[i] += s.length;
+        }
+      }
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        REQUIRE(covered[i] == (params[i].trainable ? params[i].numel : 0));
+        if (params[i].whole) REQUIRE(layout.param_owner[i] == owners[i]);
+      }
+    }
+  }
+}

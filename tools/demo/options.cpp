@@ -23,7 +23,8 @@ const char* const usage_text =
     "\n"
     "  --mode sharded|replicated|both      which runs to do (default both)\n"
     "  --partition flat|sorted_greedy      how the state is split over ranks (default flat)\n"
-    "  --optimizer sgd|adam|adamw          update rule, torch's defaults (default adam)\n"
+    "  --optimizer sgd|adam|adamw|muon     update rule, torch's defaults (default adam; muon: Muon\n"
+    "                                      for the Linear weights, AdamW for the biases)\n"
     "  --lr X                              learning rate (default 0.01)\n"
     "  --dtype f32|bf16|f16                parameter and gradient type (default f32). bf16/f16:\n"
     "                                      shardopt keeps fp32 masters of each rank's shard; the\n"
@@ -290,7 +291,8 @@ Options parse_options(int argc, char** argv) {
       if (v == "sgd") options.algorithm = shardopt::Algorithm::sgd;
       else if (v == "adam") options.algorithm = shardopt::Algorithm::adam;
       else if (v == "adamw") options.algorithm = shardopt::Algorithm::adamw;
-      else bad_choice(option, v, "sgd, adam, adamw");
+      else if (v == "muon") options.algorithm = shardopt::Algorithm::muon;  // Muon weights, AdamW biases
+      else bad_choice(option, v, "sgd, adam, adamw, muon");
     } else if (option == "--storage") {
       const std::string v = next();
       if (v == "bucket_view") options.storage = shardopt::Storage::bucket_view;

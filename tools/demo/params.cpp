@@ -134,4 +134,19 @@ ModelParams make_model_params(const Options& options) {
   return m;
 }
 
+std::vector<shardopt::ParamGroupSpec> optimizer_groups(ModelParams& model, const Options& options) {
+  if (options.algorithm != shardopt::Algorithm::muon) return {model.group};
+  std::vector<shardopt::ParamGroupSpec> groups;
+  for (std::size_t i = 0; i < model.group.params.size(); ++i) {
+    const bool weight = i % 2 == 0;  // every layer's weight, then its bias
+    shardopt::ParamGroupSpec g;
+    g.hyper.lr = model.group.hyper.lr;  // the rest: each algorithm's torch defaults
+    g.settings.algorithm = weight ? shardopt::Algorithm::muon : shardopt::Algorithm::adamw;
+    g.params.push_back(model.group.params[i]);
+    if (weight) g.params.back().shape = {int64_t{options.width}, int64_t{options.width}};
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
 }  // namespace shardopt_demo

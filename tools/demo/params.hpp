@@ -48,4 +48,9 @@ struct ModelParams {
 // storage where it is, so returning it by value is safe.
 ModelParams make_model_params(const Options& options);
 
+// The optimizer's groups for the model: its one group, or with --optimizer muon each Linear
+// weight a Muon group of its own (shape width x width) and each bias an AdamW group of its own,
+// in the model's order, so that every parameter keeps the id it has in the one group.
+std::vector<shardopt::ParamGroupSpec> optimizer_groups(ModelParams& model, const Options& options);
+
 }  // namespace shardopt_demo

@@ -95,8 +95,7 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   if (options.local_sgd.enabled) config.node_shared_params = false;
   // f16 gradients underflow without a loss scale (torch.cuda.amp.GradScaler's defaults).
   config.loss_scaling.enabled = dtype == DType::f16;
-  std::vector<shardopt::ParamGroupSpec> groups;
-  groups.push_back(std::move(model.group));
+  std::vector<shardopt::ParamGroupSpec> groups = optimizer_groups(model, options);
   ZeroOptimizer opt(optimizer_comm, config, std::move(groups));
   model.free_staging();
   std::unique_ptr<shardopt::PostLocalSGDOptimizer> post_local;

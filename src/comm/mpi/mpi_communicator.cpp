@@ -21,6 +21,7 @@
 #include "comm/agreement.hpp"
 #include "comm/mpi/half_ops.hpp"
 #include "comm/mpi/half_reduce.hpp"
+#include "comm/mpi/mpi_comm_of.hpp"
 #include "comm/mpi/mpi_cuda_support.hpp"
 #include "comm/mpi/mpi_runtime.hpp"
 #include "comm/mpi/mpi_watchdog.hpp"
@@ -113,6 +114,7 @@ class MpiBackend final : public CommBackend {
   bool cuda_aware() const override { return cuda_aware_; }
   void* cuda_stream() const override { return nullptr; }
   void require_serialized_calls() const override { require_serialized_thread_level(); }
+  MPI_Comm mpi_comm() const { return state_->comm(); }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     broadcast_async(buffer, count, dtype, root)->wait();
@@ -324,6 +326,13 @@ std::shared_ptr<Communicator> create_agreed(std::shared_ptr<MpiRuntime> runtime,
 }
 
 }  // namespace
+
+MPI_Comm mpi_comm_of(Communicator& communicator) {
+  const std::shared_ptr<CommBackend> backend = backend_of(communicator);
+  const auto* mpi = dynamic_cast<const MpiBackend*>(backend.get());
+  return mpi != nullptr ? mpi->mpi_comm() : MPI_COMM_NULL;
+}
+
 }  // namespace comm
 
 std::shared_ptr<Communicator> mpi_world(const CommOptions& options) {

@@ -3,9 +3,11 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "comm/watchdog.hpp"
 #include "core/abandoned_memory.hpp"
@@ -35,7 +37,19 @@ void prefer_binomial_ireduce() {
   setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", /*overwrite=*/0);
 }
 
+std::atomic<bool>& multiple_requested() {
+  static std::atomic<bool> requested{false};
+  return requested;
+}
+
 }  // namespace
+
+void request_thread_multiple() { multiple_requested().store(true); }
+
+bool thread_multiple_requested() {
+  const char* env = std::getenv("SHARDOPT_MPI_THREAD_MULTIPLE");
+  return multiple_requested().load() || (env != nullptr && std::string(env) == "1");
+}
 
 MpiRuntime::MpiRuntime() {
   int initialized = 0;
@@ -45,7 +59,10 @@ MpiRuntime::MpiRuntime() {
     int provided = 0;
     // SERIALIZED: with config.overlap the optimizer's calls run on its communication thread
     // (comm/comm_thread.hpp), one call at a time; require_serialized_thread_level() checks.
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+    // MULTIPLE where asked for (the remote optimizer's service thread calls MPI beside the
+    // caller's thread): request_thread_multiple().
+    const int level = thread_multiple_requested() ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
+    if (MPI_Init_thread(nullptr, nullptr, level, &provided) != MPI_SUCCESS) {
       raise(ErrorCode::comm, "MPI_Init_thread failed");
     }
     owns_ = true;

@@ -73,6 +73,11 @@ int test_until(MPI_Request& request, const Deadline& deadline, bool& completed);
 const char* thread_level_name(int level);
 void require_serialized_thread_level();
 
+// MPI initialised by shardopt from now on asks for MPI_THREAD_MULTIPLE (as it does when the
+// environment sets SHARDOPT_MPI_THREAD_MULTIPLE=1); no effect once MPI is initialised.
+void request_thread_multiple();
+bool thread_multiple_requested();
+
 // MPI's text for an error code.
 std::string mpi_error_string(int code);
 
