@@ -45,7 +45,33 @@ struct UpdateTensors {
   const void* grad = nullptr;   // n elements of dtype
   float* master = nullptr;      // n fp32 master values, required for bf16/f16 (read, updated, written back); must be null for f32
   DType dtype = DType::f32;
+  // bf16 only, instead of `master` (which must then be null): n 16-bit remainders that, with the
+  // parameter, hold the fp32 master exactly (master_from_remainder). Nearest rounding only.
+  int16_t* master_remainder = nullptr;
 };
+
+// ---- 16-bit master remainders (TransformerEngine's and apex's store_param_remainders) -------------
+//
+// The fp32 master m is kept as the bf16 parameter p and the low half r of m's bits: the high
+// half is m >> 16, rounded up (one unit of its bit pattern: away from zero) when r as a signed
+// 16-bit value is negative, i.e. when the dropped half is at least 0x8000. So p is m rounded to
+// nearest with ties away from zero (nearest-even only differs at exact ties: dropped half 0x8000
+// under an even high half), and m is rebuilt exactly from (p, r) by undoing that carry. Both
+// directions are bit operations modulo 2^16, so every fp32 pattern (inf and NaN included)
+// survives the round trip.
+SHARDOPT_HOST_DEVICE float master_from_remainder(uint16_t param, int16_t remainder) {
+  const uint32_t high = static_cast<uint16_t>(param - (remainder < 0 ? 1u : 0u));
+  return bits_float((high << 16) | static_cast<uint16_t>(remainder));
+}
+
+SHARDOPT_HOST_DEVICE uint16_t param_of_master(float master) {
+  const uint32_t u = float_bits(master);
+  return static_cast<uint16_t>((u >> 16) + ((u & 0x8000u) != 0u ? 1u : 0u));
+}
+
+SHARDOPT_HOST_DEVICE int16_t remainder_of_master(float master) {
+  return static_cast<int16_t>(static_cast<uint16_t>(float_bits(master) & 0xffffu));
+}
 
 // ---- element formats: storage, exact widening, nearest-even and stochastic narrowing -------------
 
@@ -53,6 +79,7 @@ struct F32Format {
   using Storage = float;
   static constexpr DType kDType = DType::f32;
   static constexpr bool kHasMaster = false;
+  static constexpr bool kRemainder = false;
   SHARDOPT_HOST_DEVICE static float widen(float x) { return x; }
   SHARDOPT_HOST_DEVICE static float narrow(float x) { return x; }
   SHARDOPT_HOST_DEVICE static float narrow_stochastic(float x, uint32_t) { return x; }
@@ -62,6 +89,7 @@ struct Bf16Format {
   using Storage = uint16_t;
   static constexpr DType kDType = DType::bf16;
   static constexpr bool kHasMaster = true;
+  static constexpr bool kRemainder = false;
   SHARDOPT_HOST_DEVICE static float widen(uint16_t h) { return bf16_to_float(h); }
   SHARDOPT_HOST_DEVICE static uint16_t narrow(float x) { return float_to_bf16(x); }
   SHARDOPT_HOST_DEVICE static uint16_t narrow_stochastic(float x, uint32_t random) {
@@ -73,11 +101,18 @@ struct F16Format {
   using Storage = uint16_t;
   static constexpr DType kDType = DType::f16;
   static constexpr bool kHasMaster = true;
+  static constexpr bool kRemainder = false;
   SHARDOPT_HOST_DEVICE static float widen(uint16_t h) { return f16_to_float(h); }
   SHARDOPT_HOST_DEVICE static uint16_t narrow(float x) { return float_to_f16(x); }
   SHARDOPT_HOST_DEVICE static uint16_t narrow_stochastic(float x, uint32_t random) {
     return float_to_f16_stochastic(x, random);
   }
+};
+
+// bf16 parameters whose master is the parameter and a 16-bit remainder (no fp32 master array).
+struct Bf16RemainderFormat : Bf16Format {
+  static constexpr bool kHasMaster = false;
+  static constexpr bool kRemainder = true;
 };
 
 // The parameter written from an updated master value: nearest-even, or stochastic with the

@@ -37,7 +37,23 @@ enum class OverlapPolicy : int32_t {
                        // its layer is computed), as with torch's overlap_with_ddp.
 };
 
+// How Adam's moments (and SGD's momentum) are stored over the shard.
+enum class StatePrecision : int32_t {
+  fp32 = 0,  // one float per element and moment
+  q8 = 1,    // 8-bit blockwise moments (bitsandbytes' dynamic quantisation); not yet supported
+};
+// How the fp32 master of a bf16/f16 parameter is kept (f32 parameters are their own master).
+enum class MasterStorage : int32_t {
+  fp32 = 0,         // a separate fp32 copy (4 bytes per element)
+  remainder16 = 1,  // bf16 parameters only: the master is the parameter's bits and a 16-bit
+                    // remainder (2 bytes per element). The masters are bitwise those of fp32;
+                    // the parameter is the master rounded half away from zero (the remainder's
+                    // sign bit), which differs from nearest-even only at exact ties.
+};
+
 SHARDOPT_API const char* algorithm_name(Algorithm algorithm);
+SHARDOPT_API const char* state_precision_name(StatePrecision precision);
+SHARDOPT_API const char* master_storage_name(MasterStorage master);
 
 // Muon's adjust_lr_fn: none and original scale lr by sqrt(max(1, rows/cols)); match_rms_adamw
 // by 0.2 * sqrt(max(rows, cols)); spectral_unclamped by sqrt(rows/cols) (torch.optim.Muon's
@@ -168,6 +184,12 @@ struct OptimizerConfig {
   // (rounding_seed, step, element), so a run is reproducible and independent of the world size.
   bool stochastic_rounding = false;
   uint64_t rounding_seed = 0;
+  // The groups' defaults for GroupSettings (each group may set its own).
+  StatePrecision state_precision = StatePrecision::fp32;
+  // remainder16 needs bf16 parameters on the CPU and nearest rounding (stochastic_rounding
+  // draws the parameter independently of the master, so no remainder could reconstruct it):
+  // anything else is refused at registration with Error(invalid_argument) naming the group.
+  MasterStorage master = MasterStorage::fp32;
   LossScaling loss_scaling;
   // Join (uneven inputs): while some ranks are in join(), the averaged gradients are the sum
   // over the ranks still active divided by their number (false), or by the world size (true,
@@ -234,10 +256,13 @@ struct ParamSpec {
   std::vector<int64_t> shape{};
 };
 
-// What a param group fixes for its whole life, set at construction or add_param_group (the
-// same on every rank, Error(mismatch) otherwise) and recorded in checkpoints and state dicts.
+// Per-group settings fixed for the group's life (unlike Hyperparams, they decide how the
+// group's state is laid out). Unset: the OptimizerConfig's value. Every rank must pass the same
+// (Error(mismatch) naming the group and field otherwise); checkpoints record them.
 struct GroupSettings {
   std::optional<Algorithm> algorithm;  // fixed for the group's life; unset: OptimizerConfig's value
+  std::optional<StatePrecision> state_precision;
+  std::optional<MasterStorage> master;
 };
 
 struct ParamGroupSpec {
@@ -252,7 +277,8 @@ using ParamId = int32_t;  // registration order across all groups, as torch's gl
 // Adam): stage 1 = params 2 + grads 2 + (master 4 + state 8)/N; stage 2 = 2 + (2 + 12)/N.
 struct MemoryReport {
   int64_t state_bytes = 0;         // optimizer state (exp_avg, exp_avg_sq, momentum, ...)
-  int64_t master_bytes = 0;        // fp32 master copies of this rank's shard (bf16/f16 params)
+  int64_t master_bytes = 0;        // masters of this rank's shard (bf16/f16 params): 4 bytes per
+                                   // element (fp32) or 2 (remainder16)
   int64_t param_bytes = 0;         // parameters shardopt owns for this rank alone (bucket view)
   // node_shared_params: the parameter buffer this rank maps with the other node_ranks - 1
   // ranks of its node, one copy per node (bucket view: param_bytes is then 0; external storage:

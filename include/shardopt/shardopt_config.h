@@ -49,6 +49,16 @@ typedef enum shardopt_overlap_policy {
   SHARDOPT_OVERLAP_PER_BUCKET = 2      /* each bucket updated and gathered once reduced (no clipping) */
 } shardopt_overlap_policy;
 
+/* How the param groups keep Adam's moments and bf16 masters (docs/compact_state.md). */
+typedef enum shardopt_state_precision {
+  SHARDOPT_STATE_PRECISION_FP32 = 0, /* fp32 moments */
+  SHARDOPT_STATE_PRECISION_Q8 = 1    /* 8-bit blockwise moments (Adam/AdamW, sorted_greedy partition) */
+} shardopt_state_precision;
+typedef enum shardopt_master_storage {
+  SHARDOPT_MASTER_FP32 = 0,       /* an fp32 copy of each bf16/f16 parameter */
+  SHARDOPT_MASTER_REMAINDER16 = 1 /* bf16 only: the parameter and a 16-bit remainder */
+} shardopt_master_storage;
+
 /* Dynamic loss scaling for f16 gradients, with torch.cuda.amp.GradScaler's parameters and rules:
  * the caller multiplies the loss by shardopt_optimizer_loss_scale() before backward; a step whose
  * gradients hold an inf or NaN on any rank is skipped on every rank (no parameter, state or step
@@ -176,6 +186,12 @@ typedef struct shardopt_optimizer_config {
    * OpenBLAS threads of each product (1 by default; fixed, so the bits never depend on it). */
   int32_t muon_precision;
   int32_t muon_blas_threads;
+  /* ---- appended later: the sizes of the earlier structs (through `muon_blas_threads`) are
+   * still accepted, and then leave these at their defaults ---- */
+  /* Every param group's compact state (shardopt_state_precision, shardopt_master_storage values;
+   * default 0: fp32 moments and fp32 masters). See OptimizerConfig::state_precision and ::master. */
+  int32_t state_precision;
+  int32_t master;
 } shardopt_optimizer_config;
 
 static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* config) {
@@ -202,6 +218,8 @@ static inline void shardopt_optimizer_config_init(shardopt_optimizer_config* con
   config->overlap = SHARDOPT_OVERLAP_OFF;
   config->muon_precision = SHARDOPT_MATRIX_PRECISION_BF16;
   config->muon_blas_threads = 1;
+  config->state_precision = SHARDOPT_STATE_PRECISION_FP32;
+  config->master = SHARDOPT_MASTER_FP32;
 }
 
 /* One parameter. Describe its buffers either raw (`param`, `grad`) or as DLPack tensors

@@ -1,6 +1,6 @@
 // kernels/cpu/cpu_variant.hpp — the ISA variant a loop file is being compiled as: its namespace, its target region, and the entry points every variant defines.
 //
-// update_cpu.cpp, convert_cpu.cpp, stream_cpu.cpp and variant_table.cpp are compiled once per
+// update_cpu.cpp, update_q8_cpu.cpp, convert_cpu.cpp, stream_cpu.cpp and variant_table.cpp are compiled once per
 // variant, through one-line wrappers that CMake generates: each defines
 // SHARDOPT_CPU_VARIANT_<ISA> and includes the file. Everything between
 // SHARDOPT_CPU_VARIANT_BEGIN and SHARDOPT_CPU_VARIANT_END lives in the namespace
@@ -76,6 +76,8 @@ void sgd_update(const UpdateTensors& t, float* momentum_buf, int64_t n, const Sg
                 const GradTransform& gt, const Rounding& r, int threads);
 void adam_update(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq, int64_t n,
                  const AdamScalars& s, const GradTransform& gt, const Rounding& r, int threads);
+void adam_update_q8(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
+                    const GradTransform& gt, const Rounding& r, int threads);
 GradStats grad_stats(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm, int threads);
 void widen(const void* src, DType dtype, float* dst, int64_t n, int threads);
 void narrow(const float* src, void* dst, DType dtype, int64_t n, int threads);

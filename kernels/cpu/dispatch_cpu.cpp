@@ -15,6 +15,7 @@ void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, cons
                     const GradTransform& gt, const Rounding& r, int threads) {
   if (n <= 0) return;
   check_tensors(t, "sgd_update_cpu");
+  check_rounding(t, r, "sgd_update_cpu");
   if (s.use_momentum) check_buffer(momentum_buf, "sgd_update_cpu", "momentum_buf");
   active_cpu_kernels().sgd_update(t, momentum_buf, n, s, gt, r, threads);
 }
@@ -24,10 +25,25 @@ void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                      const GradTransform& gt, const Rounding& r, int threads) {
   if (n <= 0) return;
   check_tensors(t, "adam_update_cpu");
+  check_rounding(t, r, "adam_update_cpu");
   check_buffer(exp_avg, "adam_update_cpu", "exp_avg");
   check_buffer(exp_avg_sq, "adam_update_cpu", "exp_avg_sq");
   if (s.amsgrad) check_buffer(max_exp_avg_sq, "adam_update_cpu", "max_exp_avg_sq");
   active_cpu_kernels().adam_update(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, gt, r, threads);
+}
+
+void adam_update_q8_cpu(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
+                        const GradTransform& gt, const Rounding& r, int threads) {
+  if (n <= 0) return;
+  check_tensors(t, "adam_update_q8_cpu");
+  check_rounding(t, r, "adam_update_q8_cpu");
+  check_buffer(q.exp_avg, "adam_update_q8_cpu", "exp_avg");
+  check_buffer(q.exp_avg_sq, "adam_update_q8_cpu", "exp_avg_sq");
+  check_buffer(q.exp_avg_absmax, "adam_update_q8_cpu", "exp_avg_absmax");
+  check_buffer(q.exp_avg_sq_absmax, "adam_update_q8_cpu", "exp_avg_sq_absmax");
+  SHARDOPT_KERNEL_CHECK(!s.amsgrad, invalid_argument,
+                        "adam_update_q8_cpu: amsgrad keeps max_exp_avg_sq, which has no 8-bit form");
+  active_cpu_kernels().adam_update_q8(t, q, n, s, gt, r, threads);
 }
 
 void sgd_update_cpu(float* param, const float* grad, float* momentum_buf, int64_t n,

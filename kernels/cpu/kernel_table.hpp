@@ -24,6 +24,8 @@ struct CpuKernelTable {
   void (*adam_update)(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
                       int64_t n, const AdamScalars& s, const GradTransform& gt, const Rounding& r,
                       int threads);
+  void (*adam_update_q8)(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
+                         const GradTransform& gt, const Rounding& r, int threads);
   GradStats (*grad_stats)(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm, int threads);
   void (*widen)(const void* src, DType dtype, float* dst, int64_t n, int threads);
   void (*narrow)(const float* src, void* dst, DType dtype, int64_t n, int threads);

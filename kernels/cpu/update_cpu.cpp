@@ -56,6 +56,7 @@ struct F32StagedFormat {
   using Storage = float;
   static constexpr DType kDType = DType::f16;
   static constexpr bool kHasMaster = true;
+  static constexpr bool kRemainder = false;
   static float widen(float x) { return x; }
   static float narrow(float x) { return x; }
   static float narrow_stochastic(float x, uint32_t) { return x; }
@@ -106,6 +107,7 @@ struct UpdatePiece {
   typename PieceFormat::Storage* param;
   const typename PieceFormat::Storage* grad;
   float* master;
+  int16_t* remainder;
   int64_t offset;
   int64_t n;
   RoundingBlockKey key;
@@ -124,15 +126,42 @@ void for_each_update_piece(const UpdateTensors& t, int64_t begin, int64_t end, u
 #if SHARDOPT_CPU_HAS_F16C
   if constexpr (kStagedF16<Format, kStochastic>) {
     f16_staged(param, grad, begin, end, [&](float* values, const float* grads, int64_t b, int64_t n) {
-      loop(UpdatePiece<F32StagedFormat, false>{values, grads, t.master + b, b, n, RoundingBlockKey{0u, 0u}, 0u});
+      loop(UpdatePiece<F32StagedFormat, false>{values, grads, t.master + b, nullptr, b, n, RoundingBlockKey{0u, 0u}, 0u});
     });
     return;
   }
 #endif
   for_each_index_block(first_index, begin, end, [&](int64_t b, int64_t e, uint32_t high, uint32_t low) {
     const RoundingBlockKey key = kStochastic ? rounding_block_key(step_key, high) : RoundingBlockKey{0u, 0u};
-    loop(UpdatePiece<Format, kStochastic>{param + b, grad + b, offset_or_null(t.master, b), b, e - b, key, low});
+    loop(UpdatePiece<Format, kStochastic>{param + b, grad + b, offset_or_null(t.master, b),
+                                          offset_or_null(t.master_remainder, b), b, e - b, key, low});
   });
+}
+
+// The fp32 value element i's rule updates: the master, rebuilt from a remainder, or an f32
+// parameter itself.
+template <typename Format>
+inline float load_value(const typename Format::Storage* param, const float* master, const int16_t* remainder,
+                        int64_t i) {
+  if constexpr (Format::kRemainder) return master_from_remainder(param[i], remainder[i]);
+  else if constexpr (Format::kHasMaster) return master[i];
+  else return param[i];
+}
+
+// Writes element i's updated value back where load_value read it (and the narrowed parameter).
+template <typename Format, bool kStochastic>
+inline void store_value(typename Format::Storage* param, float* master, int16_t* remainder, int64_t i, float p,
+                        RoundingBlockKey key, uint32_t index_low) {
+  if constexpr (Format::kRemainder) {
+    param[i] = param_of_master(p);
+    remainder[i] = remainder_of_master(p);
+  } else if constexpr (Format::kHasMaster) {
+    master[i] = p;
+    const uint32_t random = kStochastic ? rounding_random_in_block(key, index_low + static_cast<uint32_t>(i)) : 0u;
+    param[i] = narrow_param<Format, kStochastic>(p, random);
+  } else {
+    param[i] = p;
+  }
 }
 
 // ---- SGD -----------------------------------------------------------------------------------------
@@ -155,7 +184,7 @@ template <typename Format, bool kStochastic, bool kTransform, bool kMaximize, bo
           int kMode>
 void sgd_loop(typename Format::Storage* __restrict param,
               const typename Format::Storage* __restrict grad, float* __restrict master,
-              float* __restrict buf, int64_t n, SgdScalars s, GradTransform gt,
+              int16_t* __restrict remainder, float* __restrict buf, int64_t n, SgdScalars s, GradTransform gt,
               RoundingBlockKey key, uint32_t index_low) {
   constexpr bool kMomentum = kMode != kNoMomentum;
   s.maximize = kMaximize;
@@ -168,23 +197,14 @@ void sgd_loop(typename Format::Storage* __restrict param,
   for (int64_t i = 0; i < n; ++i) {
     float g = Format::widen(grad[i]);
     if (kTransform) g = transform_grad(g, gt);
-    float p;
-    if constexpr (Format::kHasMaster) p = master[i];
-    else p = param[i];
+    float p = load_value<Format>(param, master, remainder, i);
     if constexpr (kMomentum) {
       rule(p, g, buf[i]);
     } else {
       float unused = 0.f;
       rule(p, g, unused);
     }
-    if constexpr (Format::kHasMaster) {
-      master[i] = p;
-      const uint32_t random =
-          kStochastic ? rounding_random_in_block(key, index_low + static_cast<uint32_t>(i)) : 0u;
-      param[i] = narrow_param<Format, kStochastic>(p, random);
-    } else {
-      param[i] = p;
-    }
+    store_value<Format, kStochastic>(param, master, remainder, i, p, key, index_low);
   }
 }
 
@@ -198,7 +218,8 @@ void sgd_range(const UpdateTensors& t, float* buf, int64_t begin, int64_t end, c
         with_sgd_mode(s, [&](auto mode) {
           sgd_loop<typename P::Format, P::kStochastic, kTransform, decltype(maximize)::value,
                    decltype(decay)::value, decltype(mode)::value>(piece.param, piece.grad, piece.master,
-                                                                  offset_or_null(buf, piece.offset), piece.n,
+                                                                  piece.remainder, offset_or_null(buf, piece.offset),
+                                                                  piece.n,
                                                                   s, gt, piece.key, piece.index_low);
         });
       });
@@ -222,7 +243,7 @@ template <typename Format, bool kStochastic, bool kTransform, bool kMaximize, in
           bool kAmsgrad>
 void adam_loop(typename Format::Storage* __restrict param,
                const typename Format::Storage* __restrict grad, float* __restrict master,
-               float* __restrict m, float* __restrict v, float* __restrict vmax, int64_t n,
+               int16_t* __restrict remainder, float* __restrict m, float* __restrict v, float* __restrict vmax, int64_t n,
                AdamScalars s, GradTransform gt, RoundingBlockKey key, uint32_t index_low) {
   s.maximize = kMaximize;
   s.decoupled = kDecay == kDecoupled;
@@ -233,23 +254,14 @@ void adam_loop(typename Format::Storage* __restrict param,
   for (int64_t i = 0; i < n; ++i) {
     float g = Format::widen(grad[i]);
     if (kTransform) g = transform_grad(g, gt);
-    float p;
-    if constexpr (Format::kHasMaster) p = master[i];
-    else p = param[i];
+    float p = load_value<Format>(param, master, remainder, i);
     if constexpr (kAmsgrad) {
       rule(p, g, m[i], v[i], vmax[i]);
     } else {
       float unused = 0.f;
       rule(p, g, m[i], v[i], unused);
     }
-    if constexpr (Format::kHasMaster) {
-      master[i] = p;
-      const uint32_t random =
-          kStochastic ? rounding_random_in_block(key, index_low + static_cast<uint32_t>(i)) : 0u;
-      param[i] = narrow_param<Format, kStochastic>(p, random);
-    } else {
-      param[i] = p;
-    }
+    store_value<Format, kStochastic>(param, master, remainder, i, p, key, index_low);
   }
 }
 
@@ -265,7 +277,7 @@ void adam_range(const UpdateTensors& t, float* m, float* v, float* vmax, int64_t
         with_flag(s.amsgrad, [&](auto amsgrad) {
           adam_loop<typename P::Format, P::kStochastic, kTransform, decltype(maximize)::value,
                     decltype(decay)::value, decltype(amsgrad)::value>(piece.param, piece.grad, piece.master,
-                                                                      m + b, v + b, offset_or_null(vmax, b),
+                                                                      piece.remainder, m + b, v + b, offset_or_null(vmax, b),
                                                                       piece.n, s, gt, piece.key, piece.index_low);
         });
       });
@@ -274,15 +286,20 @@ void adam_range(const UpdateTensors& t, float* m, float* v, float* vmax, int64_t
 }
 
 // Calls f(Format, stochastic, transform) as types/constants for one update call. f32 ignores
-// the rounding mode (there is nothing to round).
+// the rounding mode (there is nothing to round); bf16 with remainders has only nearest.
 template <typename F>
-void with_update_mode(DType dtype, bool stochastic, bool transform, const F& f) {
+void with_update_mode(const UpdateTensors& t, bool stochastic, bool transform, const F& f) {
   with_flag(transform, [&](auto kTransform) {
-    switch (dtype) {
+    switch (t.dtype) {
       case DType::f32:
         f(F32Format{}, std::false_type{}, kTransform);
         break;
       case DType::bf16:
+        // Remainders go with nearest rounding only (the public functions refuse stochastic).
+        if (t.master_remainder != nullptr) {
+          f(Bf16RemainderFormat{}, std::false_type{}, kTransform);
+          break;
+        }
         with_flag(stochastic, [&](auto kStochastic) { f(Bf16Format{}, kStochastic, kTransform); });
         break;
       case DType::f16:
@@ -299,7 +316,7 @@ void with_update_mode(DType dtype, bool stochastic, bool transform, const F& f) 
 void sgd_update(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
                 const GradTransform& gt, const Rounding& r, int threads) {
   const uint32_t step_key = rounding_step_key(r.seed, r.step);
-  with_update_mode(t.dtype, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
+  with_update_mode(t, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
     using Format = decltype(format);
     parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
       sgd_range<Format, decltype(stochastic)::value, decltype(transform)::value>(
@@ -311,7 +328,7 @@ void sgd_update(const UpdateTensors& t, float* momentum_buf, int64_t n, const Sg
 void adam_update(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq, int64_t n,
                  const AdamScalars& s, const GradTransform& gt, const Rounding& r, int threads) {
   const uint32_t step_key = rounding_step_key(r.seed, r.step);
-  with_update_mode(t.dtype, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
+  with_update_mode(t, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
     using Format = decltype(format);
     parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
       adam_range<Format, decltype(stochastic)::value, decltype(transform)::value>(

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "mixed_update.hpp"
+#include "q8_state.hpp"
 #include "shardopt/types.hpp"
 #include "update_rules.hpp"
 
@@ -24,6 +25,13 @@ void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, cons
 void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                      float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
                      const GradTransform& gt, const Rounding& r, int threads);
+
+// Adam/AdamW with 8-bit blockwise moments (kernels/q8_state.hpp): `n` elements of one parameter
+// from one of its block boundaries (only the parameter's last block may be partial), `q` their
+// codes and q8_blocks(n) absmax values each. Per block: dequantise, the rule of adam_update_cpu,
+// the new absmax, quantise. No amsgrad (max_exp_avg_sq has no 8-bit form): Error(invalid_argument).
+void adam_update_q8_cpu(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
+                        const GradTransform& gt, const Rounding& r, int threads);
 
 // The float32 forms: the calls above with dtype f32, no transform.
 void sgd_update_cpu(float* param, const float* grad, float* momentum_buf, int64_t n,

@@ -8,7 +8,7 @@ namespace SHARDOPT_CPU_NS {
 
 // Constant-initialised (function addresses only): usable before any static constructor runs.
 const CpuKernelTable kernel_table = {
-    SHARDOPT_CPU_VARIANT_ISA, &sgd_update, &adam_update, &grad_stats, &widen, &narrow, &divide, &average_slots,
+    SHARDOPT_CPU_VARIANT_ISA, &sgd_update, &adam_update, &adam_update_q8, &grad_stats, &widen, &narrow, &divide, &average_slots,
     &stream_copy, &stream_triad, &fill_f32, &fill_u16, &update_pattern, &update_pattern_half,
 };
 

@@ -99,6 +99,9 @@ void check_tensors(const UpdateTensors& t, int64_t n, const char* op) {
   check_dtype(t.dtype, op);
   check_span(t.param, n, op, "param");
   check_span(t.grad, n, op, "grad");
+  // The CUDA loops keep fp32 masters only (the optimizer refuses remainder16 on a device).
+  SHARDOPT_KERNEL_CHECK(t.master_remainder == nullptr, unsupported,
+                        "{}: master remainders (`master_remainder`) are not implemented on CUDA", op);
   if (t.dtype == DType::f32) {
     SHARDOPT_KERNEL_CHECK(t.master == nullptr, invalid_argument,
                           "{}: an f32 parameter is its own master, but `master` is not null", op);

@@ -51,6 +51,8 @@ from ._shardopt import (  # noqa: F401  (the public API)
     RemoteParam,
     RemoteStep,
     Storage,
+    StatePrecision,
+    MasterStorage,
     ZeroOptimizer,
     default_hyperparams,
     hierarchical_averager,

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from ._shardopt import Algorithm, Communicator, Error, OptimizerConfig, OverlapPolicy, PartitionStrategy, Storage, ZeroOptimizer, mpi_world
+from ._shardopt import (Algorithm, Communicator, Error, MasterStorage, OptimizerConfig, OverlapPolicy,
+                        PartitionStrategy, StatePrecision, Storage, ZeroOptimizer, mpi_world)
 from ._torch_comm import torch_communicator
 from ._torch_overlap import (GradientBuckets, averaged_grads, hook_with_zero_step, hook_with_zero_step_interleaved,
                              warn_step_in_loop)
@@ -76,6 +77,21 @@ class _ZeroJoinHook(JoinHook):
         self.zero._shadow_step()
 
 
+def _compact_settings(state_precision, master):
+    """The keywords' StatePrecision and MasterStorage (None where unset); names or the enums."""
+
+    def pick(value, enum, key):
+        if value is None or isinstance(value, enum):
+            return value
+        try:
+            return getattr(enum, str(value))
+        except AttributeError:
+            names = ", ".join(repr(n) for n in enum.__members__)
+            raise ValueError(f"shardopt.torch.ZeroRedundancyOptimizer: {key}={value!r} is not one of {names}") from None
+
+    return pick(state_precision, StatePrecision, "state_precision"), pick(master, MasterStorage, "master")
+
+
 class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     """torch.distributed.optim.ZeroRedundancyOptimizer over shardopt (SGD, Adam, AdamW).
 
@@ -94,6 +110,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
     ``ddp.register_comm_hook(None, hook_with_zero_step(allreduce_hook, ddp, zero))`` (this
     module's ``hook_with_zero_step``), works too: the step then runs at the end of each backward,
     from the first iteration, on gloo and NCCL, and ``step()`` in the loop is a no-op.
+    ``state_precision="q8"`` keeps Adam's moments in 8 bits per element (bitsandbytes' blockwise
+    quantisation; parameters under 4096 elements keep fp32 moments) and ``master="remainder16"``
+    keeps the fp32 master of a bf16 parameter as the parameter and a 16-bit remainder
+    (docs/compact_state.md); a param group dict may set its own ``"state_precision"`` and
+    ``"master"``. None: shardopt's defaults (fp32 for both).
     """
 
     def __init__(
@@ -103,6 +124,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         process_group=None,
         parameters_as_bucket_view=False,
         overlap_with_ddp=False,
+        state_precision=None,
+        master=None,
         **defaults,
     ):
         self._algorithm = algorithm_for(optimizer_class)
@@ -127,11 +150,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         self.rank, self.world_size = comm.rank, comm.size
         super().__init__(params, full_defaults)
         Joinable.__init__(self)
+        self._compact = _compact_settings(state_precision, master)
         config = OptimizerConfig(
             algorithm=self._algorithm,
             partition=PartitionStrategy.sorted_greedy,  # torch's assignment of params to ranks
             storage=Storage.external,  # the model's own tensors, updated in place
         )
+        self._apply_compact(config)
         if self.overlap_with_ddp:
             # shardopt's overlap engine: it owns the flat buffers (the model's parameters become
             # views of them) and averages each bucket's gradients itself as backward hands them
@@ -153,12 +178,24 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             self._grads = [self._buckets.grads[i] for i in range(len(self._params))]
             config = OptimizerConfig(algorithm=self._algorithm, partition=PartitionStrategy.sorted_greedy,
                                      storage=Storage.external)
+            self._apply_compact(config)
             self._zero = ZeroOptimizer(comm, self._shardopt_groups(), config)
         if self._engine_overlap():
             self._point_params_at_buffers()
         if self.overlap_with_ddp:
             for index, p in enumerate(self._params):
                 self._hook_grad(index, p)
+
+    def memory_report(self):
+        """shardopt's MemoryReport of this rank (state, master and buffer bytes)."""
+        return self._zero.memory_report()
+
+    def _apply_compact(self, config):
+        precision, master = self._compact
+        if precision is not None:
+            config.state_precision = precision
+        if master is not None:
+            config.master = master
 
     # ---- param groups -------------------------------------------------------------------------
 
@@ -186,6 +223,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
             else:
                 entries.append((f"param{index}", p.detach(), self._grads[index]))
         h["params"] = entries
+        for key in ("state_precision", "master"):  # the group's own compact-state settings
+            if group.get(key) is not None:
+                h[key] = group[key]
         return h
 
     def add_param_group(self, param_group):

@@ -3,6 +3,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include <initializer_list>
 #include <utility>
 
 #include "comm/agreement.hpp"
@@ -23,6 +24,42 @@ namespace {
 
 using Groups = std::vector<shardopt::ParamGroupSpec>;
 
+// A group dict's 'state_precision' / 'master': the enum, or its name.
+template <typename Enum>
+Enum setting_from(nb::handle value, const char* key, std::initializer_list<std::pair<const char*, Enum>> names) {
+  if (nb::isinstance<nb::str>(value)) {
+    const std::string text = nb::cast<std::string>(value);
+    std::string known;
+    for (const auto& [name, e] : names) {
+      if (text == name) return e;
+      known += known.empty() ? std::string("'") + name + "'" : std::string(" or '") + name + "'";
+    }
+    throw Error(ErrorCode::invalid_argument, "param group key '" + std::string(key) + "': '" + text +
+                                                 "' is not " + known);
+  }
+  try {
+    return nb::cast<Enum>(value);
+  } catch (const nb::cast_error&) {
+    throw Error(ErrorCode::invalid_argument,
+                "param group key '" + std::string(key) + "' takes a name or the shardopt enum");
+  }
+}
+
+// Sets `key` in `settings` when it is one of the group settings; false for other keys.
+bool set_setting(shardopt::GroupSettings& settings, const std::string& key, nb::handle value) {
+  if (key == "state_precision") {
+    settings.state_precision = setting_from<shardopt::StatePrecision>(
+        value, "state_precision", {{"fp32", shardopt::StatePrecision::fp32}, {"q8", shardopt::StatePrecision::q8}});
+    return true;
+  }
+  if (key == "master") {
+    settings.master = setting_from<shardopt::MasterStorage>(
+        value, "master", {{"fp32", shardopt::MasterStorage::fp32}, {"remainder16", shardopt::MasterStorage::remainder16}});
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerConfig& config,
@@ -37,7 +74,7 @@ shardopt::ParamGroupSpec group_from(nb::handle group, const shardopt::OptimizerC
     const std::string k = nb::cast<std::string>(key);
     if (k == "algorithm") {
       spec.settings.algorithm = algorithm_from(value);
-    } else if (k != "params") {
+    } else if (k != "params" && !set_setting(spec.settings, k, value)) {
       set_hyper(spec.hyper, k, value, "param group key");
     }
   }

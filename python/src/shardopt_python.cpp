@@ -79,6 +79,12 @@ NB_MODULE(_shardopt, m) {
   nb::enum_<shardopt::Storage>(m, "Storage")
       .value("bucket_view", shardopt::Storage::bucket_view)
       .value("external", shardopt::Storage::external);
+  nb::enum_<shardopt::StatePrecision>(m, "StatePrecision")
+      .value("fp32", shardopt::StatePrecision::fp32)
+      .value("q8", shardopt::StatePrecision::q8);
+  nb::enum_<shardopt::MasterStorage>(m, "MasterStorage")
+      .value("fp32", shardopt::MasterStorage::fp32)
+      .value("remainder16", shardopt::MasterStorage::remainder16);
   nb::enum_<shardopt::OverlapPolicy>(m, "OverlapPolicy")
       .value("off", shardopt::OverlapPolicy::off)
       .value("after_backward", shardopt::OverlapPolicy::after_backward)
@@ -154,6 +160,13 @@ NB_MODULE(_shardopt, m) {
               "storage; the MPI communicator (CPU parameters, or CUDA ones at one rank) or NCCL (CUDA\n"
               "parameters: collectives on the communication stream, no thread); a Python communicator\n"
               "raises Error(unsupported).")
+      .def_rw("state_precision", &shardopt::OptimizerConfig::state_precision,
+              "StatePrecision of every group that sets none: fp32, or q8 (8-bit blockwise Adam moments,\n"
+              "bitsandbytes' algorithm; needs partition sorted_greedy). A group dict's 'state_precision' key\n"
+              "('fp32' or 'q8') sets its own.")
+      .def_rw("master", &shardopt::OptimizerConfig::master,
+              "MasterStorage of every group that sets none: fp32, or remainder16 (bf16 CPU parameters: the\n"
+              "master is the parameter and a 16-bit remainder). A group dict's 'master' key sets its own.")
       .def_prop_rw(
           "defaults", [](const shardopt::OptimizerConfig& c) { return c.defaults; },
           [](shardopt::OptimizerConfig& c, std::optional<shardopt::Hyperparams> d) { c.defaults = std::move(d); },

@@ -123,6 +123,9 @@ ModelAverager::ModelAverager(std::shared_ptr<Communicator> world, ZeroOptimizer&
     SHARDOPT_CHECK(!port.on_device(), unsupported,
                    "ModelAverager: the optimizer's parameters are on {}; model averaging runs on CPU parameters only",
                    device_name(port.device()));
+    SHARDOPT_CHECK(!port.masters_in_remainders(), unsupported,
+                   "ModelAverager: a param group of the optimizer keeps master = remainder16; model averaging "
+                   "averages fp32 masters, so build the optimizer with master = fp32");
   });
   add_config_fields(config, record);
   add_replica_fields(port, record);

@@ -256,6 +256,28 @@ struct optimizer_config {  // through `overlap`
   int64_t overlap;
 };
 }  // namespace v7
+namespace v8 {
+struct optimizer_config {  // through `muon_blas_threads`
+  size_t struct_size;
+  shardopt_algorithm algorithm;
+  shardopt_partition partition;
+  shardopt_storage storage;
+  int32_t shard_state;
+  int64_t bucket_bytes;
+  int32_t threads;
+  int32_t stage;
+  int32_t stochastic_rounding;
+  uint64_t rounding_seed;
+  shardopt_loss_scaling loss_scaling;
+  const shardopt_hyperparams* defaults;
+  int32_t node_shared_params;
+  int64_t pipeline_chunk_bytes;
+  int32_t divide_by_initial_world_size;
+  int64_t overlap;
+  int32_t muon_precision;
+  int32_t muon_blas_threads;
+};
+}  // namespace v8
 namespace v1 {
 struct hyperparams {  // through `amsgrad`
   size_t struct_size;
@@ -320,6 +342,7 @@ SHARDOPT_CAPI_SAME_FIELD(v4::optimizer_config, shardopt_optimizer_config, node_s
 SHARDOPT_CAPI_SAME_FIELD(v5::optimizer_config, shardopt_optimizer_config, pipeline_chunk_bytes);
 SHARDOPT_CAPI_SAME_FIELD(v6::optimizer_config, shardopt_optimizer_config, divide_by_initial_world_size);
 SHARDOPT_CAPI_SAME_FIELD(v7::optimizer_config, shardopt_optimizer_config, overlap);
+SHARDOPT_CAPI_SAME_FIELD(v8::optimizer_config, shardopt_optimizer_config, muon_blas_threads);
 SHARDOPT_CAPI_SAME_FIELD(v1::hyperparams, shardopt_hyperparams, amsgrad);
 SHARDOPT_CAPI_SAME_FIELD(v1::param_desc, shardopt_param_desc, grad_dlpack);
 SHARDOPT_CAPI_SAME_FIELD(v1::param_group_desc, shardopt_param_group_desc, hyperparams);
@@ -333,7 +356,8 @@ static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
                   sizeof(v4::optimizer_config) < sizeof(v5::optimizer_config) &&
                   sizeof(v5::optimizer_config) < sizeof(v6::optimizer_config) &&
                   sizeof(v6::optimizer_config) < sizeof(v7::optimizer_config) &&
-                  sizeof(v7::optimizer_config) < sizeof(shardopt_optimizer_config),
+                  sizeof(v7::optimizer_config) < sizeof(v8::optimizer_config) &&
+                  sizeof(v8::optimizer_config) < sizeof(shardopt_optimizer_config),
               "each version of shardopt_optimizer_config must have a size of its own");
 
 // Every size the library accepts for `Struct`, oldest first; the last is its own sizeof.
@@ -343,10 +367,10 @@ struct KnownSizes {
 };
 template <>
 struct KnownSizes<shardopt_optimizer_config> {
-  static constexpr std::array<std::size_t, 8> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
+  static constexpr std::array<std::size_t, 9> values = {sizeof(v1::optimizer_config), sizeof(v2::optimizer_config),
                                                         sizeof(v3::optimizer_config), sizeof(v4::optimizer_config),
                                                         sizeof(v5::optimizer_config), sizeof(v6::optimizer_config),
-                                                        sizeof(v7::optimizer_config),
+                                                        sizeof(v7::optimizer_config), sizeof(v8::optimizer_config),
                                                         sizeof(shardopt_optimizer_config)};
 };
 template <>

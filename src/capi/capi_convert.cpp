@@ -244,6 +244,17 @@ OptimizerConfig config_from(const shardopt_optimizer_config* config) {
     result.muon.precision = static_cast<MatrixPrecision>(config->muon_precision);
     result.muon.blas_threads = config->muon_blas_threads;  // validated with the config, on every rank
   }
+  if (newer_than<v8::optimizer_config>(config)) {
+    if (config->state_precision < 0 || config->state_precision > 1) {
+      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->state_precision is {}, not a shardopt_state_precision (0..1)",
+           config->state_precision);
+    }
+    if (config->master < 0 || config->master > 1) {
+      fail(SHARDOPT_ERR_INVALID_ARGUMENT, "config->master is {}, not a shardopt_master_storage (0..1)", config->master);
+    }
+    result.state_precision = static_cast<StatePrecision>(config->state_precision);
+    result.master = static_cast<MasterStorage>(config->master);
+  }
   return result;
 }
 

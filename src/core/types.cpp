@@ -1,4 +1,4 @@
-// src/core/types.cpp — names of dtypes, devices, algorithms and partitions, and the library version.
+// src/core/types.cpp — names of dtypes, devices, algorithms, state precisions, master storages and partitions, and the library version.
 #include <string>
 
 #include "shardopt/shardopt.hpp"
@@ -36,6 +36,22 @@ const char* muon_lr_adjust_name(MuonLrAdjust adjust) {
     case MuonLrAdjust::original: return "original";
     case MuonLrAdjust::match_rms_adamw: return "match_rms_adamw";
     case MuonLrAdjust::spectral_unclamped: return "spectral_unclamped";
+  }
+  return "unknown";
+}
+
+const char* state_precision_name(StatePrecision precision) {
+  switch (precision) {
+    case StatePrecision::fp32: return "fp32";
+    case StatePrecision::q8: return "q8";
+  }
+  return "unknown";
+}
+
+const char* master_storage_name(MasterStorage master) {
+  switch (master) {
+    case MasterStorage::fp32: return "fp32";
+    case MasterStorage::remainder16: return "remainder16";
   }
   return "unknown";
 }

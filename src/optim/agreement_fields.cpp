@@ -102,6 +102,8 @@ void add_config_fields(const OptimizerConfig& config, comm::AgreementRecord& rec
   record.field("config.stage", text(config.stage));
   record.field("config.stochastic_rounding", text(config.stochastic_rounding));
   record.field("config.rounding_seed", text(config.rounding_seed));
+  record.field("config.state_precision", state_precision_name(config.state_precision));
+  record.field("config.master", master_storage_name(config.master));
   const LossScaling& ls = config.loss_scaling;
   record.field("config.loss_scaling.enabled", text(ls.enabled));
   record.field("config.loss_scaling.init_scale", text(ls.init_scale));
@@ -129,6 +131,11 @@ void add_registration_fields(const Registration& registration, std::size_t first
     record.field(fmt::format("param group {} algorithm", first_group + static_cast<int>(g)),
                  algorithm_name(registration.algorithms[g]));
     add_group_fields(registration.groups[g], first_group + static_cast<int>(g), record);
+  }
+  for (std::size_t g = 0; g < registration.storage.size(); ++g) {
+    const std::string group = fmt::format("param group {} ", first_group + static_cast<int>(g));
+    record.field(group + "state_precision", state_precision_name(registration.storage[g].state_precision));
+    record.field(group + "master", master_storage_name(registration.storage[g].master));
   }
   for (std::size_t i = 0; i < registration.records.size(); ++i) {
     record.field(fmt::format("parameter #{}", first_id + i), describe(registration.records[i]));

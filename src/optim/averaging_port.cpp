@@ -41,6 +41,8 @@ std::vector<ValueSpan> AveragingPort::shard_values() const {
   return spans;
 }
 
+bool AveragingPort::masters_in_remainders() const { return im_.table.any_master(MasterStorage::remainder16); }
+
 bool AveragingPort::gradients_handed_one_by_one() const { return im_.shard.stage2() && im_.shard.bucket_view(); }
 void* AveragingPort::grad_ptr(std::size_t i) const { return im_.shard.grad_ptr(i); }
 

@@ -55,6 +55,8 @@ class AveragingPort {
   // The trainable values this rank updates, segment by segment: the parameters themselves (f32)
   // or their fp32 masters (bf16/f16), the values the next update starts from.
   std::vector<ValueSpan> shard_values() const;
+  // Some group keeps its masters as 16-bit remainders (no fp32 array for shard_values()).
+  bool masters_in_remainders() const;
   // Stage-2 bucket view keeps no gradient buffer: gradients arrive through reduce_gradient().
   bool gradients_handed_one_by_one() const;
   // Param i's gradient buffer (stage 1, or external storage).

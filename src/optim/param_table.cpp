@@ -9,6 +9,7 @@
 #include "core/device_memory.hpp"
 #include "optim/hyperparams.hpp"
 #include "optim/muon_update.hpp"
+#include "q8_state.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -69,6 +70,69 @@ void check_buffers(const std::string& label, const ParamSpec& p, Storage storage
     device::check_cuda_pointer(p.param.device, p.param.data, fmt::format("parameter {}: param.data", label));
     device::check_cuda_pointer(p.param.device, p.grad.data, fmt::format("parameter {}: grad.data", label));
   }
+}
+
+// 8-bit moments are Adam's, cut in 256-element blocks of each parameter that a rank updates
+// whole in one kernel call: what would cut a block, or needs state without an 8-bit form, is
+// refused by name.
+void check_q8(const OptimizerConfig& config, Algorithm algorithm, const Hyperparams& hyper, int group) {
+  const std::string what = fmt::format("param group {}: state_precision = q8 (8-bit blockwise moments)", group);
+  SHARDOPT_CHECK(algorithm == Algorithm::adam || algorithm == Algorithm::adamw, unsupported,
+                 "{} is implemented for adam and adamw; this group runs {}, whose momentum keeps fp32 state", what,
+                 algorithm_name(algorithm));
+  SHARDOPT_CHECK(!config.shard_state || config.partition == PartitionStrategy::sorted_greedy, unsupported,
+                 "{} needs partition = sorted_greedy, which keeps each parameter whole on one rank (flat cuts "
+                 "parameters at equal shard boundaries, which may fall inside a 256-element block)",
+                 what);
+  SHARDOPT_CHECK(config.pipeline_chunk_bytes == 0, unsupported,
+                 "{} cannot combine with pipeline_chunk_bytes ({}): the chunks would cut blocks", what,
+                 config.pipeline_chunk_bytes);
+  SHARDOPT_CHECK(config.overlap != OverlapPolicy::per_bucket, unsupported,
+                 "{} cannot combine with overlap = per_bucket: buckets would cut blocks", what);
+  SHARDOPT_CHECK(!hyper.amsgrad, unsupported, "{} cannot combine with amsgrad (max_exp_avg_sq has no 8-bit form)",
+                 what);
+}
+
+// The group's state layout: its settings over the config's, checked against its own algorithm.
+GroupStorage resolve_storage(const ParamGroupSpec& spec, const OptimizerConfig& config, Algorithm algorithm,
+                             const Hyperparams& hyper, int group) {
+  const GroupSettings& set = spec.settings;
+  GroupStorage out;
+  out.state_precision = set.state_precision.value_or(config.state_precision);
+  out.master = set.master.value_or(config.master);
+  const int precision = static_cast<int>(out.state_precision);
+  SHARDOPT_CHECK(precision == 0 || precision == 1, invalid_argument,
+                 "param group {}: state_precision {} is not fp32 or q8", group, precision);
+  const int master = static_cast<int>(out.master);
+  SHARDOPT_CHECK(master == 0 || master == 1, invalid_argument, "param group {}: master {} is not fp32 or remainder16",
+                 group, master);
+  if (out.state_precision == StatePrecision::q8) check_q8(config, algorithm, hyper, group);
+  if (out.master == MasterStorage::remainder16) {
+    SHARDOPT_CHECK(algorithm != Algorithm::muon, unsupported,
+                   "param group {}: master = remainder16 is not implemented for muon (its update writes an fp32 "
+                   "master); use master = fp32 for Muon groups",
+                   group);
+    SHARDOPT_CHECK(!config.stochastic_rounding, invalid_argument,
+                   "param group {}: master = remainder16 cannot combine with config.stochastic_rounding (the "
+                   "parameter is drawn independently of the master, so no 16-bit remainder reconstructs it); use "
+                   "master = fp32",
+                   group);
+  }
+  return out;
+}
+
+// remainder16 keeps the master in the parameter's own bits: bf16 host parameters only.
+void check_master_storage(const std::string& label, const TensorRef& param, MasterStorage master, int group) {
+  if (master != MasterStorage::remainder16) return;
+  SHARDOPT_CHECK(param.dtype == DType::bf16, invalid_argument,
+                 "param group {}: master = remainder16 needs bf16 parameters, but parameter {} is {} (f32 parameters "
+                 "are their own master; f16's 10-bit mantissa leaves no 16-bit remainder that reconstructs an fp32 "
+                 "master)",
+                 group, label, dtype_name(param.dtype));
+  SHARDOPT_CHECK(param.device.is_cpu(), unsupported,
+                 "param group {}: master = remainder16 is implemented for CPU parameters only, but parameter {} is on "
+                 "{}",
+                 group, label, device_name(param.device));
 }
 
 }  // namespace
@@ -150,6 +214,7 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
     }
     out.groups.push_back(hyper);
     out.algorithms.push_back(algorithm);
+    out.storage.push_back(resolve_storage(spec, config, algorithm, hyper, group_index));
     for (const ParamSpec& p : spec.params) {
       const std::size_t position = params_.size() + out.records.size();
       const std::string label = p.name.empty() ? fmt::format("#{}", position) : "'" + p.name + "'";
@@ -168,6 +233,11 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       check_param_dtype(label, p.param.dtype, choice);
       check_buffers(label, p, config.storage);
       check_shape(label, p, algorithm, group_index);
+      check_master_storage(label, p.param, out.storage.back().master, group_index);
+      SHARDOPT_CHECK(out.storage.back().state_precision != StatePrecision::q8 || p.param.device.is_cpu(), unsupported,
+                     "param group {}: state_precision = q8 is implemented for CPU parameters only, but parameter {} "
+                     "is on {}",
+                     group_index, label, device_name(p.param.device));
       for (const ParamRecord& existing : params_) {
         SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
       }
@@ -196,6 +266,7 @@ void ParamTable::append(Registration registration) {
     device_ = registration.choice.device;
   }
   for (const Hyperparams& h : registration.groups) groups_.push_back(h);
+  for (const GroupStorage& g : registration.storage) storage_.push_back(g);
   for (Algorithm a : registration.algorithms) algorithms_.push_back(a);
   int64_t next_index = params_.empty() ? 0 : params_.back().first_index + params_.back().numel;
   for (ParamRecord& r : registration.records) {
@@ -226,6 +297,27 @@ Hyperparams& ParamTable::group(int index) {
   SHARDOPT_CHECK(index >= 0 && index < num_groups(), invalid_argument, "param group {} does not exist (there are {})",
                  index, num_groups());
   return groups_[static_cast<std::size_t>(index)];
+}
+
+void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8) {
+  SHARDOPT_CHECK(!table.any_q8() && !adds_q8, unsupported,
+                 "{}: a param group keeps state_precision = q8 (8-bit blockwise moments), which does not support "
+                 "layout changes, checkpoints or state dicts yet",
+                 operation);
+}
+
+bool ParamTable::q8_moments(const ParamRecord& p) const {
+  return storage(p.group).state_precision == StatePrecision::q8 && p.numel >= kernels::kQ8MinNumel;
+}
+
+bool ParamTable::any_q8() const {
+  return std::any_of(storage_.begin(), storage_.end(),
+                     [](const GroupStorage& g) { return g.state_precision == StatePrecision::q8; });
+}
+
+bool ParamTable::any_master(MasterStorage master) const {
+  if (dtype_ == DType::f32) return false;
+  return std::any_of(storage_.begin(), storage_.end(), [&](const GroupStorage& g) { return g.master == master; });
 }
 
 Algorithm ParamTable::algorithm(int index) const {

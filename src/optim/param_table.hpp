@@ -45,10 +45,18 @@ struct DeviceChoice {
   std::string dtype_source;
 };
 
+// A group's state layout, resolved from its GroupSettings over the config's values: fixed for
+// the group's life.
+struct GroupStorage {
+  StatePrecision state_precision = StatePrecision::fp32;
+  MasterStorage master = MasterStorage::fp32;
+};
+
 // New groups, checked and resolved, not yet part of the table.
 struct Registration {
   std::vector<ParamRecord> records;
   std::vector<Hyperparams> groups;
+  std::vector<GroupStorage> storage;  // per group, beside `groups`
   std::vector<Algorithm> algorithms;        // per new group
   std::vector<const void*> initial_values;  // per record: bucket view's initial values (may be null)
   DeviceChoice choice;
@@ -81,6 +89,13 @@ class ParamTable {
   // A deque: references to a group stay valid when groups are added.
   const std::deque<Hyperparams>& groups() const { return groups_; }
   Hyperparams& group(int index);
+  const GroupStorage& storage(int group) const { return storage_[static_cast<std::size_t>(group)]; }
+  // Whether any group keeps its masters as `master` (bf16/f16 parameters only).
+  bool any_master(MasterStorage master) const;
+  // Whether param p keeps 8-bit moments: its group's state_precision is q8 and it has at least
+  // bitsandbytes' min_8bit_size (4096) elements; smaller ones keep fp32 moments.
+  bool q8_moments(const ParamRecord& p) const;
+  bool any_q8() const;
   // Each group's algorithm, fixed for its life (a deque like groups()).
   const std::deque<Algorithm>& algorithms() const { return algorithms_; }
   Algorithm algorithm(int group) const;
@@ -99,11 +114,17 @@ class ParamTable {
   Hyperparams defaults_;
   bool defaults_explicit_ = true;
   std::deque<Hyperparams> groups_;
+  std::deque<GroupStorage> storage_;
   std::deque<Algorithm> algorithms_;
   std::vector<ParamRecord> params_;
   DType dtype_ = DType::f32;  // every parameter's: fixed by the first one
   Device device_ = Device::cpu();
 };
+
+// 8-bit moments are laid out once and are not in checkpoints or state dicts yet: `operation`
+// (a layout change, a checkpoint, a state dict) raises Error(unsupported) naming it when any
+// group keeps them (or `adds_q8`, for groups being added).
+void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8 = false);
 
 }  // namespace optim
 }  // namespace shardopt

@@ -10,6 +10,7 @@
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
 #include "cpu/update_cpu.hpp"
+#include "mixed_update.hpp"
 #include "optim/device_update.hpp"
 
 namespace shardopt {
@@ -22,20 +23,84 @@ partition::Strategy strategy_of(const OptimizerConfig& config) {
 
 StateMask ShardState::state_kinds_needed() const {
   StateMask needed = optim::state_kinds_needed(table_.algorithms(), dtype(), table_.groups());
+  // remainder16 groups keep their masters in remainders_: the fp32 kind exists for fp32 groups
+  // (or as materialise_masters()' copy, which state_in_use_ then shows).
+  if (dtype() != DType::f32 && !table_.any_master(MasterStorage::fp32)) needed[kMaster] = false;
   // State once created is kept, as torch keeps it when momentum or amsgrad is switched off.
   for (std::size_t k = 0; k < kStateKinds; ++k) needed[k] = needed[k] || state_in_use_[k];
   return needed;
 }
 
+MomentLayout ShardState::place_moments(const partition::RankShard& shard) const {
+  MomentLayout out;
+  for (const partition::Segment& s : shard.segments) {
+    MomentPlace place;
+    place.q8 = table_.q8_moments(table_.params()[static_cast<std::size_t>(s.param)]);
+    if (place.q8) {
+      place.code_offset = out.code_numel;
+      place.block_offset = out.blocks;
+      out.code_numel += s.length;
+      out.blocks += kernels::q8_blocks(s.length);
+    } else {
+      place.moment_offset = out.moment_numel;
+      out.moment_numel += s.length;
+    }
+    out.places.push_back(place);
+  }
+  // Without 8-bit params the f32 moments cover the whole shard (its padding included), as the
+  // checkpoint and state-dict code reads them.
+  if (out.code_numel == 0) {
+    out.moment_numel = shard.numel;
+    for (std::size_t i = 0; i < out.places.size(); ++i) out.places[i].moment_offset = shard.segments[i].shard_offset;
+  }
+  return out;
+}
+
+kernels::Q8Moments ShardState::q8_moments(const UpdateRun& run) const {
+  return kernels::Q8Moments{static_cast<uint8_t*>(q8_codes_[0].raw()) + run.code_offset,
+                            static_cast<uint8_t*>(q8_codes_[1].raw()) + run.code_offset,
+                            q8_absmax_[0].data() + run.block_offset, q8_absmax_[1].data() + run.block_offset};
+}
+
+int64_t ShardState::q8_bytes() const {
+  return q8_codes_[0].bytes() + q8_codes_[1].bytes() + q8_absmax_[0].bytes() + q8_absmax_[1].bytes();
+}
+
 void ShardState::ensure_state_kinds() {
+  // amsgrad may be switched on between steps; the ranks agreed on the hyperparameters, so each
+  // refuses alike, before anything is updated.
+  for (int g = 0; g < table_.num_groups(); ++g) {
+    SHARDOPT_CHECK(table_.storage(g).state_precision != StatePrecision::q8 || !table_.groups()[static_cast<std::size_t>(g)].amsgrad,
+                   invalid_argument,
+                   "param group {}: amsgrad cannot be switched on for state_precision = q8 (max_exp_avg_sq has no "
+                   "8-bit form)",
+                   g);
+  }
+  // The update changes the masters: a checkpoint's materialised copy would go stale.
+  if (masters_materialised_) {
+    masters_materialised_ = false;
+    if (!table_.any_master(MasterStorage::fp32)) {
+      state_[kMaster] = dev_.new_buffer(0);
+      state_in_use_[kMaster] = false;
+    }
+  }
   const StateMask needed = state_kinds_needed();
   for (std::size_t k = 0; k < kStateKinds; ++k) {
-    if (needed[k] && state_[k].numel() != own_shard().numel) state_[k].resize(own_shard().numel);
+    const int64_t numel = k == kMaster ? own_shard().numel : moment_numel_;
+    if (needed[k] && state_[k].numel() != numel) state_[k].resize(numel);
   }
   state_in_use_ = needed;
 }
 
 void ShardState::migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const {
+  for (std::size_t k = 0; k < kStateKinds; ++k) {
+    // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
+    if (state_in_use_[k]) migrate_buffer(from, to, state_[k], next[k], DType::f32);
+  }
+}
+
+void ShardState::migrate_buffer(const partition::Layout& from, const partition::Layout& to,
+                                const core::FlatBuffer& old, core::FlatBuffer& next, DType dt) const {
   const std::vector<ParamRecord>& params = table_.params();
   // This rank's new pieces, by param.
   std::vector<std::vector<const partition::Segment*>> mine(params.size());
@@ -46,34 +111,26 @@ void ShardState::migrate_state(const partition::Layout& from, const partition::L
   const int world = dev_.world();
   const int sources = replicated ? 1 : world;
   // One receive buffer for every broadcast (on a device, each allocation would cost a cudaFree).
-  core::FlatBuffer incoming(dev_.device(), dev_.stream());
+  core::FlatBuffer incoming(dev_.device(), dev_.stream(), dt);
   int64_t largest = 0;
   for (const partition::RankShard& shard : from.shards) largest = std::max(largest, shard.numel);
-  for (std::size_t k = 0; k < kStateKinds; ++k) {
-    // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
-    if (!state_in_use_[k]) continue;
-    for (int r = 0; r < sources; ++r) {
-      const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? dev_.rank() : r)];
-      const float* source = state_[k].data();
-      if (!replicated && world > 1) {
-        if (incoming.empty()) incoming.resize(largest);
-        if (r == dev_.rank()) {
-          dev_.copy_bytes(incoming.data(), state_[k].data(), static_cast<std::size_t>(old_shard.numel) * sizeof(float));
-        }
-        dev_.settle_before_collective();
-        comm::broadcast_in_chunks(dev_.comm(), incoming.data(), old_shard.numel, DType::f32, r,
-                                  bucket_elements(config_, DType::f32));
-        source = incoming.data();
-      }
-      for (const partition::Segment& old_seg : old_shard.segments) {
-        for (const partition::Segment* new_seg : mine[static_cast<std::size_t>(old_seg.param)]) {
-          const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
-          const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
-          if (lo >= hi) continue;
-          dev_.copy_bytes(next[k].data() + new_seg->shard_offset + (lo - new_seg->param_offset),
-                          source + old_seg.shard_offset + (lo - old_seg.param_offset),
-                          static_cast<std::size_t>(hi - lo) * sizeof(float));
-        }
+  for (int r = 0; r < sources; ++r) {
+    const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? dev_.rank() : r)];
+    const char* source = static_cast<const char*>(old.raw());
+    if (!replicated && world > 1) {
+      if (incoming.empty()) incoming.resize(largest);
+      if (r == dev_.rank()) dev_.copy_bytes(incoming.raw(), old.raw(), span_bytes(old_shard.numel, dt));
+      dev_.settle_before_collective();
+      comm::broadcast_in_chunks(dev_.comm(), incoming.raw(), old_shard.numel, dt, r, bucket_elements(config_, dt));
+      source = static_cast<const char*>(incoming.raw());
+    }
+    for (const partition::Segment& old_seg : old_shard.segments) {
+      for (const partition::Segment* new_seg : mine[static_cast<std::size_t>(old_seg.param)]) {
+        const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
+        const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
+        if (lo >= hi) continue;
+        dev_.copy_bytes(element(next.raw(), new_seg->shard_offset + (lo - new_seg->param_offset), dt),
+                        element(source, old_seg.shard_offset + (lo - old_seg.param_offset), dt), span_bytes(hi - lo, dt));
       }
     }
   }
@@ -85,13 +142,35 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   const DType dt = dtype();
   partition::Layout next = partition::make_layout(strategy_of(config_), table_.infos(), dev_.world(), kShardAlignment);
   const int64_t next_shard = next.shards[static_cast<std::size_t>(dev_.rank())].numel;
+  const MomentLayout moments = place_moments(next.shards[static_cast<std::size_t>(dev_.rank())]);
+  // 8-bit moments are laid out once: the optimizer refuses the layout changes that would move them.
+  SHARDOPT_CHECK(!has_layout_ || !table_.any_q8(), internal, "a layout change of an optimizer with 8-bit moments");
 
   // Every kind gets the device, even when empty: ensure_state_kinds() may allocate it later.
   StateBuffers next_state;
   const StateMask needed = state_kinds_needed();
-  for (std::size_t k = 0; k < kStateKinds; ++k) next_state[k] = dev_.new_buffer(needed[k] ? next_shard : 0);
+  for (std::size_t k = 0; k < kStateKinds; ++k) {
+    next_state[k] = dev_.new_buffer(needed[k] ? (k == kMaster ? next_shard : moments.moment_numel) : 0);
+  }
   if (has_layout_) migrate_state(layout_, next, next_state);
+  moment_numel_ = moments.moment_numel;
+  // Fresh 8-bit state is bitsandbytes' zeros: codes 0 and absmax 0.
+  for (std::size_t m = 0; m < 2; ++m) {
+    q8_codes_[m] = dev_.new_buffer(moments.code_numel, DType::byte);
+    q8_absmax_[m] = dev_.new_buffer(moments.blocks);
+    if (moments.code_numel > 0) {
+      dev_.zero_bytes(q8_codes_[m].raw(), static_cast<std::size_t>(q8_codes_[m].bytes()));
+      dev_.zero_bytes(q8_absmax_[m].raw(), static_cast<std::size_t>(q8_absmax_[m].bytes()));
+    }
+  }
   state_in_use_ = needed;
+  // Remainders (2 bytes each, moved as raw bf16 bits) wherever a group keeps them; a layout
+  // that had none (no such group yet) leaves them zero, which seed_masters() sets anyway.
+  const bool remainders_needed = table_.any_master(MasterStorage::remainder16);
+  core::FlatBuffer next_remainders = dev_.new_buffer(remainders_needed ? next_shard : 0, DType::bf16);
+  if (has_layout_ && remainders_in_use_) migrate_buffer(layout_, next, remainders_, next_remainders, DType::bf16);
+  remainders_ = std::move(next_remainders);
+  remainders_in_use_ = remainders_needed;
 
   NodeGradSlots next_slots;
   core::FlatBuffer next_hand_over_slot = dev_.new_buffer(0, dt);
@@ -246,7 +325,10 @@ void ShardState::refresh_runs() {
   runs_.clear();
   const std::vector<ParamRecord>& params = table_.params();
   const DType dt = dtype();
-  for (const partition::Segment& s : own_shard().segments) {
+  const MomentLayout moments = place_moments(own_shard());
+  for (std::size_t si = 0; si < own_shard().segments.size(); ++si) {
+    const partition::Segment& s = own_shard().segments[si];
+    const MomentPlace& place = moments.places[si];
     if (s.length == 0) continue;
     const ParamRecord& p = params[static_cast<std::size_t>(s.param)];
     if (p.sits_out_step) continue;  // this step leaves it as it is
@@ -258,8 +340,10 @@ void ShardState::refresh_runs() {
       UpdateRun& last = runs_.back();
       const ParamRecord& q = params[static_cast<std::size_t>(last.first_param)];
       const std::size_t run_bytes = span_bytes(last.length, dt);
+      // An 8-bit run is one parameter's segment (its blocks are the parameter's).
       const bool contiguous = last.shard_offset + last.length == s.shard_offset && last.param + run_bytes == param_at &&
-                              last.grad + run_bytes == grad_at && last.first_index + last.length == index;
+                              last.grad + run_bytes == grad_at && last.first_index + last.length == index &&
+                              !last.q8 && !place.q8 && last.moment_offset + last.length == place.moment_offset;
       // A Muon matrix is its own run: its update needs it whole, and only it.
       const bool matrix = table_.algorithm(p.group) == Algorithm::muon;
       if (contiguous && !matrix && q.group == p.group && q.step == p.step &&
@@ -268,7 +352,8 @@ void ShardState::refresh_runs() {
         continue;
       }
     }
-    runs_.push_back(UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index});
+    runs_.push_back(UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index, place.moment_offset,
+                              place.q8, place.code_offset, place.block_offset});
   }
 }
 
@@ -277,6 +362,11 @@ void ShardState::seed_masters(const std::vector<bool>& params_to_seed) {
   float* master = state_[kMaster].data();
   for (const partition::Segment& s : own_shard().segments) {
     if (s.length == 0 || !params_to_seed[static_cast<std::size_t>(s.param)]) continue;
+    if (remainder_master(table_.params()[static_cast<std::size_t>(s.param)])) {
+      // A zero remainder: the master is the parameter's value, as a widened fp32 master.
+      dev_.zero_bytes(master_remainders() + s.shard_offset, span_bytes(s.length, DType::bf16));
+      continue;
+    }
     const char* values = element(param_ptr(static_cast<std::size_t>(s.param)), s.param_offset, dtype());
     if (dev_.on_device()) {
       dev_.ops().widen(values, dtype(), master + s.shard_offset, s.length, dev_.stream());
@@ -320,6 +410,7 @@ void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, con
     state_[k] = kinds[k] ? std::move(buffers[k]) : dev_.new_buffer(0);
   }
   state_in_use_ = kinds;
+  masters_materialised_ = false;
   if (dtype() != DType::f32) {
     std::vector<bool> seed = without_master;
     seed.resize(table_.size(), false);
@@ -328,10 +419,52 @@ void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, con
       state_in_use_[kMaster] = true;
       std::fill(seed.begin(), seed.end(), true);
     }
+    split_masters(seed);
     seed_masters(seed);
+    if (!table_.any_master(MasterStorage::fp32)) {
+      state_[kMaster] = dev_.new_buffer(0);
+      state_in_use_[kMaster] = false;
+    }
   }
   refresh_runs();
   ++values_generation_;
+}
+
+void ShardState::split_masters(const std::vector<bool>& params_to_seed) {
+  if (!table_.any_master(MasterStorage::remainder16)) return;
+  SHARDOPT_CHECK(!dev_.on_device(), internal, "master remainders on a device (registration refuses them)");
+  const float* master = state_[kMaster].data();
+  int16_t* remainder = master_remainders();
+  for (const partition::Segment& s : own_shard().segments) {
+    const auto i = static_cast<std::size_t>(s.param);
+    // Params to seed keep the loaded value and take a zero remainder (seed_masters).
+    if (s.length == 0 || params_to_seed[i] || !remainder_master(table_.params()[i])) continue;
+    auto* param = reinterpret_cast<uint16_t*>(element(param_ptr(i), s.param_offset, dtype()));
+    for (int64_t e = 0; e < s.length; ++e) {
+      const float m = master[s.shard_offset + e];
+      param[e] = kernels::param_of_master(m);
+      remainder[s.shard_offset + e] = kernels::remainder_of_master(m);
+    }
+  }
+}
+
+void ShardState::materialise_masters() {
+  if (dtype() == DType::f32 || !table_.any_master(MasterStorage::remainder16)) return;
+  SHARDOPT_CHECK(!dev_.on_device(), internal, "master remainders on a device (registration refuses them)");
+  const int64_t numel = own_shard().numel;
+  if (state_[kMaster].numel() != numel) state_[kMaster] = dev_.new_buffer(numel);
+  state_in_use_[kMaster] = true;
+  masters_materialised_ = true;
+  float* master = state_[kMaster].data();
+  const int16_t* remainder = master_remainders();
+  for (const partition::Segment& s : own_shard().segments) {
+    const auto i = static_cast<std::size_t>(s.param);
+    if (s.length == 0 || !remainder_master(table_.params()[i])) continue;
+    const auto* param = reinterpret_cast<const uint16_t*>(element(param_ptr(i), s.param_offset, dtype()));
+    for (int64_t e = 0; e < s.length; ++e) {
+      master[s.shard_offset + e] = kernels::master_from_remainder(param[e], remainder[s.shard_offset + e]);
+    }
+  }
 }
 
 }  // namespace optim

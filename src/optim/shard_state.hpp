@@ -18,6 +18,7 @@
 #include "optim/param_table.hpp"
 #include "optim/state_kinds.hpp"
 #include "partition/partition.hpp"
+#include "q8_state.hpp"
 
 namespace shardopt {
 namespace optim {
@@ -35,6 +36,31 @@ struct UpdateRun {
   char* param = nullptr;
   char* grad = nullptr;
   int64_t first_index = 0;  // ParamRecord::first_index of the first element: stochastic rounding's key
+  // Where the run's moments are (ShardState::place_moments): f32 kinds other than the master
+  // at moment_offset; 8-bit moments (q8, one parameter's whole segment) at code_offset, their
+  // absmax at block_offset.
+  int64_t moment_offset = 0;
+  bool q8 = false;
+  int64_t code_offset = 0;
+  int64_t block_offset = 0;
+};
+
+// Where one segment of this rank's shard keeps its moments: f32 moments (exp_avg, exp_avg_sq,
+// max_exp_avg_sq, momentum) only over segments of params without 8-bit moments, packed in
+// segment order, so 8-bit params hold no fp32 moment bytes; codes and absmax packed alike over
+// the 8-bit ones. Without 8-bit params moment_offset is the shard offset.
+struct MomentPlace {
+  int64_t moment_offset = 0;
+  bool q8 = false;
+  int64_t code_offset = 0;
+  int64_t block_offset = 0;
+};
+
+struct MomentLayout {
+  std::vector<MomentPlace> places;  // per segment of the shard, in order
+  int64_t moment_numel = 0;
+  int64_t code_numel = 0;
+  int64_t blocks = 0;
 };
 
 using StateBuffers = std::array<core::FlatBuffer, kStateKinds>;
@@ -127,6 +153,19 @@ class ShardState {
   const core::FlatBuffer& hand_over_slot() const { return hand_over_slot_; }
   const StateBuffers& state() const { return state_; }
   float* state_data(std::size_t kind) const { return state_[kind].data(); }
+  // remainder16 groups: the 16-bit master remainders over this rank's shard (2 bytes per shard
+  // element; empty when no group keeps them). Elements of other groups are unused.
+  const core::FlatBuffer& remainder_buffer() const { return remainders_; }
+  int16_t* master_remainders() const { return static_cast<int16_t*>(remainders_.raw()); }
+  // The moments' placement over a shard of the current table (see MomentPlace).
+  MomentLayout place_moments(const partition::RankShard& shard) const;
+  int64_t moment_numel() const { return moment_numel_; }
+  // 8-bit moments of a q8 run (codes and absmax; kernels/q8_state.hpp).
+  kernels::Q8Moments q8_moments(const UpdateRun& run) const;
+  int64_t q8_bytes() const;
+  bool remainder_master(const ParamRecord& p) const {
+    return table_.storage(p.group).master == MasterStorage::remainder16 && dtype() == DType::bf16;
+  }
 
   // ---- for checkpoints ----
   // Elements [offset, offset+n) of param i as f32 (bf16/f16 widened into `scratch`, exactly);
@@ -141,10 +180,21 @@ class ShardState {
   // params, a master absent from `kinds` (or listed in `without_master`) is seeded from the
   // current parameter values, as a fresh optimizer's would be.
   void install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master);
+  // Checkpoints and state dicts carry fp32 masters whatever the storage: this fills the
+  // "master" kind (allocated over the shard where only remainders are kept) with the masters
+  // rebuilt from the parameters and remainders, bitwise. The copy lives until the next update
+  // (ensure_state_kinds), so a background save may read it meanwhile. Host only.
+  void materialise_masters();
 
  private:
   void migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const;
   void seed_masters(const std::vector<bool>& params_to_seed);
+  // remainder16 params: the installed fp32 master split into parameter and remainder.
+  void split_masters(const std::vector<bool>& params_to_seed);
+  // A buffer of this rank's old shard moved into `next` over the new layout (collective when
+  // sharded: each old shard is broadcast once).
+  void migrate_buffer(const partition::Layout& from, const partition::Layout& to, const core::FlatBuffer& old,
+                      core::FlatBuffer& next, DType dtype) const;
   // Collective: the bucket-view parameter buffer (or the external storage's sync staging) for
   // `numel` elements, node-shared where it applies (decided alike on every rank), else this
   // rank's own.
@@ -173,6 +223,12 @@ class ShardState {
   uint64_t values_generation_ = 0;
   StateBuffers state_;          // f32, over this rank's shard
   StateMask state_in_use_{};    // the same on every rank, even where a shard is empty
+  core::FlatBuffer remainders_;  // int16 (held as 2-byte bf16 storage) over this rank's shard
+  int64_t moment_numel_ = 0;                     // elements of each f32 moment kind
+  std::array<core::FlatBuffer, 2> q8_codes_;      // exp_avg, exp_avg_sq: bytes over the 8-bit params
+  std::array<core::FlatBuffer, 2> q8_absmax_;     // their absmax per block
+  bool remainders_in_use_ = false;     // the same on every rank, even where a shard is empty
+  bool masters_materialised_ = false;  // state_[kMaster] is materialise_masters()'s copy
   core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params
   core::FlatBuffer flat_grads_;    // bucket view, stage 1: same offsets as flat_params_
   NodeGradSlots grad_slots_;       // where flat_grads_ is this rank's slot of the node's

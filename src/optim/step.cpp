@@ -185,20 +185,28 @@ void Step::update_range(int64_t lo, int64_t hi) {
     if (begin >= end) continue;
     const int64_t skip = begin - whole.shard_offset;
     UpdateRun run = whole;
+    // A range cuts no 8-bit run (registration refuses the chunked and per-bucket updates).
+    SHARDOPT_CHECK(!whole.q8 || (begin == whole.shard_offset && end == whole.shard_offset + whole.length), internal,
+                   "update range [{}, {}) cuts an 8-bit run [{}, {})", lo, hi, whole.shard_offset,
+                   whole.shard_offset + whole.length);
     run.shard_offset = begin;
     run.length = end - begin;
     run.param += span_bytes(skip, dt);
     run.grad += span_bytes(skip, dt);
     run.first_index += skip;
+    run.moment_offset += skip;
     const ParamRecord& p = table_.params()[static_cast<std::size_t>(run.first_param)];
     const Hyperparams& h = hyper(p.group);
     auto at = [&](std::size_t kind) {
-      return shard_.state()[kind].empty() ? nullptr : shard_.state_data(kind) + run.shard_offset;
+      if (shard_.state()[kind].empty()) return static_cast<float*>(nullptr);
+      return shard_.state_data(kind) + (kind == kMaster ? run.shard_offset : run.moment_offset);
     };
     kernels::UpdateTensors tensors;
     tensors.param = run.param;
     tensors.grad = run.grad;
-    tensors.master = low_precision ? at(kMaster) : nullptr;
+    const bool remainder = shard_.remainder_master(p);
+    tensors.master = low_precision && !remainder ? at(kMaster) : nullptr;
+    tensors.master_remainder = remainder ? shard_.master_remainders() + run.shard_offset : nullptr;
     tensors.dtype = dt;
     kernels::Rounding rounding;
     rounding.stochastic = config_.stochastic_rounding;
@@ -218,7 +226,9 @@ void Step::update_range(int64_t lo, int64_t hi) {
       const kernels::AdamScalars s =
           kernels::make_adam_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
                                      algorithm == Algorithm::adamw, h.amsgrad, h.maximize, p.step + 1);
-      if (dev_.on_device()) {
+      if (run.q8) {
+        kernels::adam_update_q8_cpu(tensors, shard_.q8_moments(run), run.length, s, transform, rounding, threads);
+      } else if (dev_.on_device()) {
         dev_.ops().adam_update(tensors, at(kExpAvg), at(kExpAvgSq), at(kMaxExpAvgSq), run.length, s, transform,
                                rounding, dev_.stream());
       } else {

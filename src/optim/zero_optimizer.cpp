@@ -29,6 +29,12 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
   record.validate([&] {
     const std::string comm_label = fmt::format("the {} communicator", im.dev.comm().backend_name());
     added = im.table.prepare(specs, im.config, im.dev.comm().device(), comm_label, im.dev.rank());
+    if (first_id > 0) {
+      const bool adds_q8 = std::any_of(added.storage.begin(), added.storage.end(), [](const optim::GroupStorage& g) {
+        return g.state_precision == StatePrecision::q8;
+      });
+      optim::refuse_with_q8(im.table, "add_param_group", adds_q8);
+    }
     im.dev.adopt(added.choice.device);
     im.overlap.check_device_path();
     // Sizes the layout cannot hold, or buffers this machine cannot, fail every rank here.
@@ -90,7 +96,10 @@ void ZeroOptimizer::set_trainable(ParamId id, bool trainable) try {
   Impl& im = *impl_;
   AgreementRecord record = optim::enter(im, optim::GateCall::set_trainable);
   std::string name;
-  record.validate([&] { name = im.table.param(id).name; });
+  record.validate([&] {
+    name = im.table.param(id).name;
+    optim::refuse_with_q8(im.table, "set_trainable");
+  });
   record.field("set_trainable parameter", name.empty() ? fmt::format("#{}", id) : "'" + name + "'");
   record.field("set_trainable value", trainable ? "true" : "false");
   optim::agree(im, record);
@@ -181,6 +190,8 @@ MemoryReport ZeroOptimizer::memory_report() const {
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     (k == optim::kMaster ? report.master_bytes : report.state_bytes) += shard.state()[k].bytes();
   }
+  report.master_bytes += shard.remainder_buffer().bytes();
+  report.state_bytes += shard.q8_bytes();
   report.param_bytes = shard.flat_params().bytes();
   report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
   report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + shard.hand_over_slot().bytes() +

@@ -20,7 +20,10 @@ checkpoint::OptimizerParts parts_of(ZeroOptimizer::Impl& im) {
 
 void ZeroOptimizer::save(const std::string& dir) try {
   Impl& im = *impl_;
-  optim::agree(im, optim::enter(im, GateCall::save));
+  AgreementRecord record = optim::enter(im, GateCall::save);
+  record.validate([&] { optim::refuse_with_q8(im.table, "save"); });
+  optim::agree(im, record);
+  im.shard.materialise_masters();
   checkpoint::save_checkpoint(parts_of(im), dir);
 } catch (const Error& e) {
   optim::raise_within("save", e);
@@ -28,7 +31,10 @@ void ZeroOptimizer::save(const std::string& dir) try {
 
 void ZeroOptimizer::save_async(const std::string& dir) try {
   Impl& im = *impl_;
-  optim::agree(im, optim::enter(im, GateCall::save_async));
+  AgreementRecord record = optim::enter(im, GateCall::save_async);
+  record.validate([&] { optim::refuse_with_q8(im.table, "save_async"); });
+  optim::agree(im, record);
+  im.shard.materialise_masters();
   checkpoint::SaveTicket ticket = checkpoint::start_save(parts_of(im), dir);
   // The writer runs beside the caller's threads: one thread to widen bf16/f16 values.
   ticket.widen_threads = 1;
@@ -46,7 +52,9 @@ void ZeroOptimizer::wait_save() try {
 
 void ZeroOptimizer::load(const std::string& dir) try {
   Impl& im = *impl_;
-  optim::agree(im, optim::enter(im, GateCall::load));
+  AgreementRecord record = optim::enter(im, GateCall::load);
+  record.validate([&] { optim::refuse_with_q8(im.table, "load"); });
+  optim::agree(im, record);
   checkpoint::load_checkpoint(parts_of(im), dir);
   optim::forget_round(im);
   im.sync.sync();
@@ -62,8 +70,10 @@ void ZeroOptimizer::consolidate_state_dict(int to) try {
   record.validate([&] {
     SHARDOPT_CHECK(to >= 0 && to < im.dev.world(), invalid_argument,
                    "consolidate_state_dict: target rank {} is out of range (world size {})", to, im.dev.world());
+    optim::refuse_with_q8(im.table, "consolidate_state_dict");
   });
   optim::agree(im, record);
+  im.shard.materialise_masters();
   std::optional<StateDict> dict = checkpoint::gather_state_dict(parts_of(im), to);
   // Only the target rank keeps the gathered state; the others drop any earlier one.
   im.consolidated = std::move(dict);
@@ -84,7 +94,10 @@ StateDict ZeroOptimizer::state_dict() const {
 void ZeroOptimizer::load_state_dict(const StateDict& state) try {
   Impl& im = *impl_;
   AgreementRecord record = optim::enter(im, GateCall::load_state_dict);
-  record.validate([&] { checkpoint::check_state_dict(parts_of(im), state); });
+  record.validate([&] {
+    optim::refuse_with_q8(im.table, "load_state_dict");
+    checkpoint::check_state_dict(parts_of(im), state);
+  });
   record.field("state dict algorithm", algorithm_name(state.algorithm));
   record.field("state dict parameters", fmt::format("{}", state.param_names.size()));
   record.field("state dict entries", fmt::format("{}", state.state.size()));

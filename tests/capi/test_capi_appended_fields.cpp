@@ -213,3 +213,61 @@ TEST_CASE("the step report carries the step's phase times; the earlier report is
   CHECK(shardopt_optimizer_last_step(opt, &report) == SHARDOPT_ERR_STRUCT_SIZE);
   REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
 }
+
+TEST_CASE("config.master and config.state_precision reach the optimizer; the struct through `muon_blas_threads` leaves them fp32",
+          "[capi][versions][compact]") {
+  CommHandle comm;
+  std::vector<uint16_t> values(5000, 0x3f80);  // bf16 1.0
+  shardopt_param_desc desc;
+  shardopt_param_desc_init(&desc);
+  desc.name = "w";
+  desc.param.data = values.data();
+  desc.param.numel = static_cast<int64_t>(values.size());
+  desc.param.dtype = SHARDOPT_DTYPE_BF16;
+  shardopt_param_group_desc group;
+  shardopt_param_group_desc_init(&group);
+  group.params = &desc;
+  group.num_params = 1;
+  shardopt_optimizer_config config;
+  shardopt_optimizer_config_init(&config);
+  CHECK(config.state_precision == SHARDOPT_STATE_PRECISION_FP32);
+  CHECK(config.master == SHARDOPT_MASTER_FP32);
+  config.algorithm = SHARDOPT_ALGORITHM_ADAMW;
+  config.partition = SHARDOPT_PARTITION_SORTED_GREEDY;
+  config.master = SHARDOPT_MASTER_REMAINDER16;
+  config.state_precision = SHARDOPT_STATE_PRECISION_Q8;
+  auto report_of = [&](const shardopt_optimizer_config* c) {
+    shardopt_optimizer_t opt = nullptr;
+    const shardopt_status status = shardopt_optimizer_create(comm.get(), c, &group, 1, &opt);
+    INFO(last_error());
+    REQUIRE(status == SHARDOPT_OK);
+    shardopt_memory_report r;
+    shardopt_memory_report_init(&r);
+    REQUIRE(shardopt_optimizer_memory_report(opt, &r) == SHARDOPT_OK);
+    REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
+    return r;
+  };
+  const shardopt_memory_report compact = report_of(&config);
+  // The parameter lives whole on one rank (sorted_greedy): there 2 master bytes per element and
+  // 2 bytes of codes plus an absmax per 256-element block and moment.
+  if (compact.shard_numel > 0) {
+    CHECK(compact.master_bytes == 2 * compact.shard_numel);
+    CHECK(compact.state_bytes == 2 * 5000 + 2 * 4 * 20);
+  }
+  // The header's previous struct (through `muon_blas_threads`): its tail is not read, the state is fp32.
+  shardopt_optimizer_config older = config;
+  older.struct_size = offsetof(shardopt_optimizer_config, state_precision);
+  const shardopt_memory_report plain = report_of(&older);
+  if (plain.shard_numel > 0) {
+    CHECK(plain.master_bytes == 4 * plain.shard_numel);
+    CHECK(plain.state_bytes == 8 * plain.shard_numel);
+  }
+  shardopt_optimizer_t opt = nullptr;
+  config.master = 7;
+  CHECK(shardopt_optimizer_create(comm.get(), &config, &group, 1, &opt) == SHARDOPT_ERR_INVALID_ARGUMENT);
+  CHECK(contains(last_error(), "config->master is 7, not a shardopt_master_storage"));
+  config.master = SHARDOPT_MASTER_REMAINDER16;
+  config.partition = SHARDOPT_PARTITION_FLAT;
+  CHECK(shardopt_optimizer_create(comm.get(), &config, &group, 1, &opt) == SHARDOPT_ERR_UNSUPPORTED);
+  CHECK(contains(last_error(), "needs partition = sorted_greedy"));
+}

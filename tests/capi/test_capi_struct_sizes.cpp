@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -204,7 +205,10 @@ TEST_CASE("struct sizes of the earlier header are still accepted; others are ref
                               std::to_string(sizeof(config_before_pipelining)) + ", " +
                               std::to_string(sizeof(config_before_join)) + ", " +
                               std::to_string(sizeof(config_before_overlap)) + ", " +
-                              std::to_string(sizeof(config_before_muon)) + " from earlier headers";
+                              std::to_string(sizeof(config_before_muon)) + ", " +
+                              // the struct through `muon_blas_threads`, before state_precision and master
+                              std::to_string(offsetof(shardopt_optimizer_config, state_precision)) +
+                              " from earlier headers";
   config.struct_size = sizeof(config_before_stage) - 8;
   CHECK(shardopt_optimizer_create(comm.get(), &config, &group, 1, &opt) == SHARDOPT_ERR_STRUCT_SIZE);
   CHECK(contains(last_error(), "too small"));

@@ -32,6 +32,12 @@ const char* const usage_text =
     "                                      the gradients are narrowed for the optimizer. f16\n"
     "                                      uses dynamic loss scaling (steps whose gradients\n"
     "                                      overflow are skipped; --verbose shows them)\n"
+    "  --master fp32|remainder16           bf16 masters as an fp32 copy (default) or as the\n"
+    "                                      parameter and a 16-bit remainder (2 bytes per element)\n"
+    "  --state-precision fp32|q8           Adam's moments in fp32 (default) or 8 bits per element\n"
+    "                                      (bitsandbytes' blockwise quantisation; needs\n"
+    "                                      --partition sorted_greedy; layers under 4096 elements\n"
+    "                                      keep fp32 moments)\n"
     "  --stage 1|2                         ZeRO stage of the sharded run (default 1). 2: each\n"
     "                                      rank keeps only its shard's gradients; the backward\n"
     "                                      hands every layer's gradients with reduce_gradient()\n"
@@ -298,6 +304,16 @@ Options parse_options(int argc, char** argv) {
       else if (v == "bf16") options.dtype = DType::bf16;
       else if (v == "f16") options.dtype = DType::f16;
       else bad_choice(option, v, "f32, bf16, f16");
+    } else if (option == "--master") {
+      const std::string v = next();
+      if (v == "fp32") options.master = shardopt::MasterStorage::fp32;
+      else if (v == "remainder16") options.master = shardopt::MasterStorage::remainder16;
+      else bad_choice(option, v, "fp32, remainder16");
+    } else if (option == "--state-precision") {
+      const std::string v = next();
+      if (v == "fp32") options.state_precision = shardopt::StatePrecision::fp32;
+      else if (v == "q8") options.state_precision = shardopt::StatePrecision::q8;
+      else bad_choice(option, v, "fp32, q8");
     } else if (option == "--stage") {
       options.stage = static_cast<int>(parse_integer(option, next(), 1, 2));
     } else if (option == "--clip") {

@@ -36,6 +36,8 @@ struct Options {
   shardopt::Algorithm algorithm = shardopt::Algorithm::adam;
   shardopt::Storage storage = shardopt::Storage::bucket_view;
   shardopt::DType dtype = shardopt::DType::f32;
+  shardopt::MasterStorage master = shardopt::MasterStorage::fp32;          // bf16: or remainder16
+  shardopt::StatePrecision state_precision = shardopt::StatePrecision::fp32;  // or q8
   int stage = 1;       // of the sharded run; the replicated run is always stage 1
   double clip = 0.0;   // max total gradient norm; 0: no clipping
   double lr = 0.01;

@@ -86,6 +86,8 @@ ModeResult train(const std::shared_ptr<Communicator>& world, const Options& opti
   config.storage = options.storage;
   config.shard_state = shard_state;
   config.stage = stage;
+  config.master = options.master;
+  config.state_precision = options.state_precision;
   config.cpu_threads = options.threads;
   config.overlap = overlap ? options.overlap : shardopt::OverlapPolicy::off;
   // --local-sgd compares the bytes each mode sends through the communicator, as between nodes:

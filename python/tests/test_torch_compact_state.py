@@ -1,0 +1,110 @@
+"""python/tests/test_torch_compact_state.py — the torch drop-in's compact state: master="remainder16" and state_precision="q8" as keywords and group keys, against the fp32 state.
+
+    mpirun -np 2 python -m pytest -q python/tests/test_torch_compact_state.py
+
+Every rank runs every test in the same order (the optimizers' calls are collective). Skipped,
+with the reason, where torch cannot be imported.
+"""
+import sys
+
+try:
+    import torch
+except ImportError:  # the whole module needs torch
+    torch = None
+
+if torch is None:
+    if __name__ == "__main__":
+        print("test_torch_compact_state: skipped: torch cannot be imported", flush=True)
+        sys.exit(0)
+    import pytest
+
+    pytest.skip("torch cannot be imported: the drop-in's tests need it", allow_module_level=True)
+
+import shardopt
+from shardopt.torch import ZeroRedundancyOptimizer
+
+
+def model(dtype=torch.float32, width=64, depth=3):
+    """Linear(64, 64) layers: 4096-element weights (8-bit moments under q8), 64-element biases."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)]).to(dtype)
+
+
+def train(net, opt, steps):
+    """The same data on every rank (no DDP needed: every rank feeds the same gradients)."""
+    for step in range(steps):
+        opt.zero_grad()
+        g = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(16, 64, generator=g).to(next(net.parameters()).dtype)
+        net(x).float().square().mean().backward()
+        opt.step()
+
+
+def bits(net):
+    return [p.detach().view(torch.int16).clone() for p in net.parameters()]
+
+
+def test_remainder_masters_equal_fp32_masters_but_at_exact_ties():
+    plain_net, compact_net = model(torch.bfloat16), model(torch.bfloat16)
+    plain = ZeroRedundancyOptimizer(plain_net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    compact = ZeroRedundancyOptimizer(compact_net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3,
+                                      master="remainder16")
+    train(plain_net, plain, 30)
+    train(compact_net, compact, 30)
+    for a, b in zip(bits(plain_net), bits(compact_net)):
+        differ = a != b
+        # Where they differ, the remainder's parameter is one unit up from an even pattern.
+        assert torch.all(b[differ] == a[differ] + 1)
+        assert torch.all(a[differ] % 2 == 0)
+    report = compact.memory_report()
+    assert report.master_bytes == 2 * report.shard_numel
+    assert plain.memory_report().master_bytes == 4 * report.shard_numel
+
+
+def test_q8_moments_shrink_the_state_and_a_group_can_keep_fp32():
+    q8_net, plain_net, mixed_net = model(), model(), model()
+    q8 = ZeroRedundancyOptimizer(q8_net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2,
+                                 state_precision="q8")
+    plain = ZeroRedundancyOptimizer(plain_net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+    # A group dict's own setting: every group keeps fp32 moments, so it is the plain run.
+    mixed = ZeroRedundancyOptimizer([{"params": list(mixed_net.parameters()), "state_precision": "fp32"}],
+                                    optimizer_class=torch.optim.AdamW, lr=1e-2, state_precision="q8")
+    for net, opt in ((q8_net, q8), (plain_net, plain), (mixed_net, mixed)):
+        train(net, opt, 10)
+    assert all(torch.equal(a, b) for a, b in zip(plain_net.parameters(), mixed_net.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(plain_net.parameters(), q8_net.parameters()))
+    # It still trains toward the same place: within a small distance of the fp32 run.
+    assert max((a - b).abs().max().item() for a, b in zip(plain_net.parameters(), q8_net.parameters())) < 0.05
+    q8_report, plain_report = q8.memory_report(), plain.memory_report()
+    assert q8_report.state_bytes <= plain_report.state_bytes
+    if q8_report.shard_numel >= 4096:  # this rank holds a weight: 8-bit moments there
+        assert q8_report.state_bytes < plain_report.state_bytes / 3
+
+
+def test_unknown_names_and_unsupported_combinations_are_refused():
+    net = model()
+    for key, value in (("state_precision", "q4"), ("master", "remainder8")):
+        try:
+            ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.Adam, **{key: value})
+        except ValueError as e:
+            assert f"{key}={value!r} is not one of" in str(e)
+        else:
+            raise AssertionError(f"{key}={value!r} was accepted")
+    try:  # f32 parameters are their own master
+        ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.Adam, master="remainder16")
+    except shardopt.Error as e:
+        assert "master = remainder16 needs bf16 parameters" in str(e)
+    else:
+        raise AssertionError("remainder16 over f32 parameters was accepted")
+    try:  # SGD's momentum has no 8-bit form here
+        ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, state_precision="q8")
+    except shardopt.Error as e:
+        assert "implemented for adam and adamw" in str(e)
+    else:
+        raise AssertionError("q8 with SGD was accepted")
+
+
+if __name__ == "__main__":
+    from support import run_tests
+
+    sys.exit(run_tests(globals(), torch.distributed.get_rank() if torch.distributed.is_initialized() else 0))
