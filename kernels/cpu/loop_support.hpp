@@ -1,4 +1,4 @@
-// kernels/cpu/loop_support.hpp — internal to kernels/cpu: thread ranges, runtime flags as template parameters, and the public functions' argument checks.
+// kernels/cpu/loop_support.hpp — internal to kernels/cpu: thread ranges, runtime flags (and the update mode: format, rounding, transform) as template parameters, and the public functions' argument checks.
 #pragma once
 
 #include <algorithm>
@@ -62,6 +62,32 @@ template <typename F>
 void with_flag(bool flag, const F& f) {
   if (flag) f(std::true_type{});
   else f(std::false_type{});
+}
+
+// Calls f(Format, stochastic, transform) as types/constants for one update call. f32 ignores
+// the rounding mode (there is nothing to round); bf16 with remainders has only nearest.
+template <typename F>
+void with_update_mode(const UpdateTensors& t, bool stochastic, bool transform, const F& f) {
+  with_flag(transform, [&](auto kTransform) {
+    switch (t.dtype) {
+      case DType::f32:
+        f(F32Format{}, std::false_type{}, kTransform);
+        break;
+      case DType::bf16:
+        // Remainders go with nearest rounding only (the public functions refuse stochastic).
+        if (t.master_remainder != nullptr) {
+          f(Bf16RemainderFormat{}, std::false_type{}, kTransform);
+          break;
+        }
+        with_flag(stochastic, [&](auto kStochastic) { f(Bf16Format{}, kStochastic, kTransform); });
+        break;
+      case DType::f16:
+        with_flag(stochastic, [&](auto kStochastic) { f(F16Format{}, kStochastic, kTransform); });
+        break;
+      case DType::byte:  // raw bytes have no update; the public functions refuse them
+        break;
+    }
+  });
 }
 
 template <typename T>

@@ -285,32 +285,6 @@ void adam_range(const UpdateTensors& t, float* m, float* v, float* vmax, int64_t
   });
 }
 
-// Calls f(Format, stochastic, transform) as types/constants for one update call. f32 ignores
-// the rounding mode (there is nothing to round); bf16 with remainders has only nearest.
-template <typename F>
-void with_update_mode(const UpdateTensors& t, bool stochastic, bool transform, const F& f) {
-  with_flag(transform, [&](auto kTransform) {
-    switch (t.dtype) {
-      case DType::f32:
-        f(F32Format{}, std::false_type{}, kTransform);
-        break;
-      case DType::bf16:
-        // Remainders go with nearest rounding only (the public functions refuse stochastic).
-        if (t.master_remainder != nullptr) {
-          f(Bf16RemainderFormat{}, std::false_type{}, kTransform);
-          break;
-        }
-        with_flag(stochastic, [&](auto kStochastic) { f(Bf16Format{}, kStochastic, kTransform); });
-        break;
-      case DType::f16:
-        with_flag(stochastic, [&](auto kStochastic) { f(F16Format{}, kStochastic, kTransform); });
-        break;
-      case DType::byte:  // raw bytes have no update; the public functions refuse them
-        break;
-    }
-  });
-}
-
 }  // namespace
 
 void sgd_update(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,

@@ -94,29 +94,6 @@ void adam_q8_block(const UpdateTensors& t, const Q8Moments& q, int64_t block, in
   quantise_block(v, len, kQ8UnsignedBounds, q.exp_avg_sq + lo, q.exp_avg_sq_absmax + block);
 }
 
-template <typename F>
-void with_q8_mode(const UpdateTensors& t, bool stochastic, bool transform, const F& f) {
-  with_flag(transform, [&](auto kTransform) {
-    switch (t.dtype) {
-      case DType::f32:
-        f(F32Format{}, std::false_type{}, kTransform);
-        break;
-      case DType::bf16:
-        if (t.master_remainder != nullptr) {
-          f(Bf16RemainderFormat{}, std::false_type{}, kTransform);
-          break;
-        }
-        with_flag(stochastic, [&](auto kStochastic) { f(Bf16Format{}, kStochastic, kTransform); });
-        break;
-      case DType::f16:
-        with_flag(stochastic, [&](auto kStochastic) { f(F16Format{}, kStochastic, kTransform); });
-        break;
-      case DType::byte:  // refused by the public function
-        break;
-    }
-  });
-}
-
 }  // namespace
 
 void adam_update_q8(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
@@ -124,7 +101,7 @@ void adam_update_q8(const UpdateTensors& t, const Q8Moments& q, int64_t n, const
   const uint32_t step_key = rounding_step_key(r.seed, r.step);
   const AdamRule rule{s};
   const int64_t blocks = q8_blocks(n);
-  with_q8_mode(t, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
+  with_update_mode(t, r.stochastic, !is_identity(gt), [&](auto format, auto stochastic, auto transform) {
     using Format = decltype(format);
     const int team = team_size(n, threads);
     (void)team;
