@@ -171,7 +171,8 @@ std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> com
 }
 
 bool writes_grad_views(const ZeroOptimizer& opt, const Options& o) {
-  if (!(o.stage == 2 && o.storage == Storage::bucket_view)) return true;
+  // The optimizer's own config: the self-check's reference is a stage-1 one under --stage 2.
+  if (!(opt.config().stage == 2 && opt.config().storage == Storage::bucket_view)) return true;
   if (!o.stage2_grad_views || opt.num_params() == 0) return false;
   try {
     opt.grad_view(0);
