@@ -25,7 +25,7 @@ constexpr int64_t kQ8MinNumel = 4096;
 // bitsandbytes clamps absmax below at 1e-38 (a float32 subnormal) before dividing.
 constexpr uint32_t kQ8AbsmaxFloorBits = 0x006ce3eeu;
 
-inline constexpr int64_t q8_blocks(int64_t numel) { return (numel + kQ8Block - 1) / kQ8Block; }
+SHARDOPT_HOST_DEVICE constexpr int64_t q8_blocks(int64_t numel) { return (numel + kQ8Block - 1) / kQ8Block; }
 
 // The quantised moments of one update call: `n` codes each from a block boundary of the
 // parameter, and q8_blocks(n) absmax values each.

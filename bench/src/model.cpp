@@ -217,6 +217,8 @@ OptimizerConfig make_config(const Options& o) {
   config.bucket_bytes = o.bucket_bytes;
   config.pipeline_chunk_bytes = o.pipeline_chunk_bytes;
   config.node_shared_params = o.node_shared_params;
+  config.state_precision = o.state_precision;
+  config.master = o.master;
   config.overlap = o.overlap;
   return config;
 }

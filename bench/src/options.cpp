@@ -60,6 +60,14 @@ const char* const usage_text =
     "                                        + write p in the dtype, master r/w 8, state r/w\n"
     "                                        16 = 28 (f32: read p,g,m,v + write p,m,v = 28);\n"
     "                                        sync: 2 x sizeof(dtype) per received element\n"
+    "  --state-precision fp32|q8             Adam's moments (default fp32); q8: 8-bit blockwise\n"
+    "                                        (1 byte per moment and an fp32 absmax per 256);\n"
+    "                                        needs --partition sorted_greedy when sharded\n"
+    "  --master fp32|remainder16             bf16 masters (default fp32); remainder16: the\n"
+    "                                        bf16 parameter and a 16-bit remainder. With either,\n"
+    "                                        the update's bytes come from memory_report():\n"
+    "                                        read g + write p in the dtype, read p (f32 or\n"
+    "                                        remainder16), state and master r/w\n"
     "  --stage 1|2                           ZeRO stage (default 1; 2 needs the sharded mode).\n"
     "                                        The timed step is the same; at 2 the gradients\n"
     "                                        are handed with reduce_gradient() and reduced to\n"
@@ -253,6 +261,14 @@ Options parse_options(int argc, char** argv) {
       else if (value == "bf16") o.dtype = DType::bf16;
       else if (value == "f16") o.dtype = DType::f16;
       else bad_usage("--dtype expects f32, bf16 or f16, got '" + value + "'");
+    } else if (flag == "--state-precision") {
+      if (value == "fp32") o.state_precision = shardopt::StatePrecision::fp32;
+      else if (value == "q8") o.state_precision = shardopt::StatePrecision::q8;
+      else bad_usage("--state-precision expects fp32 or q8, got '" + value + "'");
+    } else if (flag == "--master") {
+      if (value == "fp32") o.master = shardopt::MasterStorage::fp32;
+      else if (value == "remainder16") o.master = shardopt::MasterStorage::remainder16;
+      else bad_usage("--master expects fp32 or remainder16, got '" + value + "'");
     } else if (flag == "--stage") o.stage = static_cast<int>(parse_int(flag, value, 1, 2));
     else if (flag == "--threads") {
       o.threads = static_cast<int>(parse_int(flag, value, 0, 1024));
@@ -314,6 +330,10 @@ Options parse_options(int argc, char** argv) {
   if (o.algorithm == Algorithm::muon &&
       (o.mode != BenchMode::step || o.params > 0 || !o.sharded || o.storage != Storage::bucket_view)) {
     bad_usage("--algorithm muon runs --mode step over the --layers x --width model, sharded, with bucket_view storage");
+  }
+  const bool compact = o.state_precision != shardopt::StatePrecision::fp32 || o.master != shardopt::MasterStorage::fp32;
+  if (compact && (o.mode != BenchMode::step || o.device != BenchDevice::cpu || o.algorithm == Algorithm::muon)) {
+    bad_usage("--state-precision q8 and --master remainder16 run --mode step on the cpu device with sgd, adam or adamw");
   }
   if (o.step_factor <= 1.0 && o.step_bytes <= 0 && o.min_bytes != o.max_bytes) {
     bad_usage("-f must be > 1, or -i must be positive, for the sweep to advance");

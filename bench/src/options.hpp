@@ -56,6 +56,9 @@ struct Options {
   PartitionStrategy partition = PartitionStrategy::flat;
   Storage storage = Storage::bucket_view;
   DType dtype = DType::f32;
+  // Compact state (OptimizerConfig::state_precision, ::master): q8 moments, remainder masters.
+  shardopt::StatePrecision state_precision = shardopt::StatePrecision::fp32;
+  shardopt::MasterStorage master = shardopt::MasterStorage::fp32;
   int stage = 1;
   int threads = 1;
   bool threads_given = false;  // --device cuda: the CPU reference's threads default to all cores

@@ -215,7 +215,7 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   const char* mode = o.sharded ? "sharded" : "replicated";
   say(*comm,
       "world={} params={} {} optimizer={} partition={} dtype={} stage={} storage={} threads={} bucket_bytes={} pipeline_chunk_bytes={} mode={} "
-      "iters={} warmup={} cpu_isa={} node_ranks={} shard_numel_max={} state_bytes_per_rank={} master_bytes_per_rank={} "
+      "state_precision={} master={} iters={} warmup={} cpu_isa={} node_ranks={} shard_numel_max={} state_bytes_per_rank={} master_bytes_per_rank={} "
       "grad_bytes_per_rank={} peak_rss_mb={:.1f} base_rss_mb={:.1f} "
       "update_bytes={} sync_bytes={} stream_copy_gbps={:.2f} stream_triad_gbps={:.2f} "
       "stream_update_gbps={:.2f} stream_array_mb={} stream_windows={} llc_mb={} llc_instances={} llc_source={} sysconf_llc_mb={} "
@@ -224,7 +224,8 @@ int run_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
       world, model.numel, model.description, shardopt::algorithm_name(o.algorithm),
       shardopt::partition_name(o.partition), shardopt::dtype_name(o.dtype), config.stage,
       o.storage == Storage::bucket_view ? "bucket_view" : "external", effective_threads(o.threads), o.bucket_bytes,
-      o.pipeline_chunk_bytes, mode, o.iters, o.warmup, shardopt::cpu_kernel_isa(), memory.node_ranks, *std::max_element(shards.begin(), shards.end()), max_state,
+      o.pipeline_chunk_bytes, mode, shardopt::state_precision_name(o.state_precision),
+      shardopt::master_storage_name(o.master), o.iters, o.warmup, shardopt::cpu_kernel_isa(), memory.node_ranks, *std::max_element(shards.begin(), shards.end()), max_state,
       max_master, max_grad, static_cast<double>(peak_rss) / (1 << 20), static_cast<double>(base_rss) / (1 << 20),
       update_bytes, sync_bytes, stream.copy_gbps, stream.triad_gbps, stream.update_gbps, stream.array_bytes >> 20, two_windows ? 2 : 1,
       llc.instance_bytes >> 20, llc.node_instances, llc.source, llc.sysconf_bytes >> 20, roofline_gbps, stream.best_pattern(), roofline_s * 1e3,

@@ -41,7 +41,16 @@ StepBytes count_step_bytes(Communicator& comm, const Options& o, const Model& mo
     bytes.my_moved = o.storage == Storage::bucket_view ? (all_shards - node_shards) / std::max<int64_t>(1, node_ranks)
                                                        : all_shards;
   }
-  bytes.update = sum_int64(comm, bytes.my_updated * update_bytes_per_param(update_shape(o), o.dtype));
+  int64_t my_update = bytes.my_updated * update_bytes_per_param(update_shape(o), o.dtype);
+  if (o.state_precision != shardopt::StatePrecision::fp32 || o.master != shardopt::MasterStorage::fp32) {
+    // Compact state: the bytes the kept arrays hold, read and written once (state_bytes counts
+    // the codes, the absmax and any fp32 moments of small params; master_bytes the remainders
+    // or fp32 masters), the gradient read and the parameter written in the dtype, and the
+    // parameter read where it holds (part of) the master: f32, or bf16 with remainders.
+    const bool param_read = o.dtype == DType::f32 || o.master == shardopt::MasterStorage::remainder16;
+    my_update = bytes.my_updated * element_bytes * (param_read ? 3 : 2) + 2 * (memory.state_bytes + memory.master_bytes);
+  }
+  bytes.update = sum_int64(comm, my_update);
   bytes.sync = sum_int64(comm, 2 * element_bytes * bytes.my_moved);
   const int64_t my_reduced = comm.size() == 1 ? 0 : sharded ? bytes.my_updated : model.numel / comm.size();
   bytes.reduce = sum_int64(comm, (node_ranks + 1) * my_reduced * element_bytes);

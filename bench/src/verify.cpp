@@ -39,11 +39,21 @@ int64_t differing_ranks(Communicator& comm, const ZeroOptimizer& opt, const Para
 int64_t wrong_vs_reference(const std::shared_ptr<Communicator>& solo, const Options& o, const Model& model,
                            const ParamReader& read, InitialValues initial, int rank, int world, int steps) {
   const int64_t lo = model.numel * rank / world, hi = model.numel * (rank + 1) / world;
-  const std::vector<Tensor> pieces = model_slice(model, lo, hi);
+  // q8 blocks start at each parameter's first element: the reference takes whole parameters
+  // (every world-th one), which it keeps whole (sorted_greedy over one rank).
+  const bool q8 = o.state_precision == shardopt::StatePrecision::q8;
+  std::vector<Tensor> pieces;
+  if (q8) {
+    for (std::size_t i = static_cast<std::size_t>(rank); i < model.tensors.size(); i += static_cast<std::size_t>(world)) {
+      pieces.push_back(model.tensors[i]);
+    }
+  } else {
+    pieces = model_slice(model, lo, hi);
+  }
   if (pieces.empty()) return 0;
   OptimizerConfig config = make_config(o);
   config.storage = Storage::bucket_view;
-  config.partition = PartitionStrategy::flat;
+  config.partition = q8 ? PartitionStrategy::sorted_greedy : PartitionStrategy::flat;
   config.shard_state = true;
   config.stage = 1;  // the gradients stand as written: what a stage-2 reduce of them averages to
   ExternalBuffers unused;

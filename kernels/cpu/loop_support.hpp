@@ -90,6 +90,26 @@ void with_update_mode(const UpdateTensors& t, bool stochastic, bool transform, c
   });
 }
 
+// Adam's weight decay modes: none, L2 into the gradient (Adam), decoupled (AdamW).
+enum DecayMode { kNoDecay, kL2, kDecoupled };
+
+template <typename F>
+void with_decay_mode(const AdamScalars& s, const F& f) {
+  if (s.decoupled) f(std::integral_constant<int, kDecoupled>{});
+  else if (s.weight_decay != 0.f) f(std::integral_constant<int, kL2>{});
+  else f(std::integral_constant<int, kNoDecay>{});
+}
+
+// Adam's scalars with the loop-invariant flags as constants, so the rule has no branches.
+template <bool kMaximize, int kDecay, bool kAmsgrad>
+AdamScalars fixed_adam_scalars(AdamScalars s) {
+  s.maximize = kMaximize;
+  s.decoupled = kDecay == kDecoupled;
+  s.amsgrad = kAmsgrad;
+  if (kDecay != kL2) s.weight_decay = 0.f;
+  return s;
+}
+
 template <typename T>
 T* offset_or_null(T* p, int64_t offset) {
   return p ? p + offset : nullptr;  // no arithmetic on null (UBSan)

@@ -229,27 +229,13 @@ void sgd_range(const UpdateTensors& t, float* buf, int64_t begin, int64_t end, c
 
 // ---- Adam / AdamW ----------------------------------------------------------------------------------
 
-// Weight decay modes: none, L2 into the gradient (Adam), decoupled (AdamW).
-enum DecayMode { kNoDecay, kL2, kDecoupled };
-
-template <typename F>
-void with_decay_mode(const AdamScalars& s, const F& f) {
-  if (s.decoupled) f(std::integral_constant<int, kDecoupled>{});
-  else if (s.weight_decay != 0.f) f(std::integral_constant<int, kL2>{});
-  else f(std::integral_constant<int, kNoDecay>{});
-}
-
 template <typename Format, bool kStochastic, bool kTransform, bool kMaximize, int kDecay,
           bool kAmsgrad>
 void adam_loop(typename Format::Storage* __restrict param,
                const typename Format::Storage* __restrict grad, float* __restrict master,
                int16_t* __restrict remainder, float* __restrict m, float* __restrict v, float* __restrict vmax, int64_t n,
                AdamScalars s, GradTransform gt, RoundingBlockKey key, uint32_t index_low) {
-  s.maximize = kMaximize;
-  s.decoupled = kDecay == kDecoupled;
-  s.amsgrad = kAmsgrad;
-  if (kDecay != kL2) s.weight_decay = 0.f;
-  const AdamRule rule{s};
+  const AdamRule rule{fixed_adam_scalars<kMaximize, kDecay, kAmsgrad>(s)};
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     float g = Format::widen(grad[i]);

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cuda/compact_launchers.hpp"
 #include "cuda/cuda_launchers.hpp"
 #include "grad_stats.hpp"
 #include "kernel_check.hpp"
@@ -99,9 +100,13 @@ void check_tensors(const UpdateTensors& t, int64_t n, const char* op) {
   check_dtype(t.dtype, op);
   check_span(t.param, n, op, "param");
   check_span(t.grad, n, op, "grad");
-  // The CUDA loops keep fp32 masters only (the optimizer refuses remainder16 on a device).
-  SHARDOPT_KERNEL_CHECK(t.master_remainder == nullptr, unsupported,
-                        "{}: master remainders (`master_remainder`) are not implemented on CUDA", op);
+  if (t.master_remainder != nullptr) {
+    SHARDOPT_KERNEL_CHECK(t.dtype == DType::bf16 && t.master == nullptr, invalid_argument,
+                          "{}: `master_remainder` holds the master of bf16 parameters in place of `master`, but the "
+                          "parameter is {} and `master` is {}",
+                          op, dtype_name(t.dtype), t.master == nullptr ? "null" : "set");
+    return;
+  }
   if (t.dtype == DType::f32) {
     SHARDOPT_KERNEL_CHECK(t.master == nullptr, invalid_argument,
                           "{}: an f32 parameter is its own master, but `master` is not null", op);
@@ -110,6 +115,24 @@ void check_tensors(const UpdateTensors& t, int64_t n, const char* op) {
                           "{}: a {} parameter needs an fp32 master, but `master` is null", op,
                           dtype_name(t.dtype));
   }
+}
+
+// Remainders go with nearest rounding only (as on the CPU).
+void check_remainder_rounding(const UpdateTensors& t, const Rounding& r, const char* op) {
+  SHARDOPT_KERNEL_CHECK(t.master_remainder == nullptr || !r.stochastic, invalid_argument,
+                        "{}: stochastic rounding cannot combine with `master_remainder`", op);
+}
+
+CompactCommon compact_common(const UpdateTensors& t, int64_t n, const GradTransform& gt, const Rounding& r) {
+  CompactCommon c;
+  c.t = t;
+  c.gt = gt;
+  c.transform = !is_identity(gt);
+  c.stochastic = r.stochastic && t.dtype != DType::f32 && t.master_remainder == nullptr;
+  c.step_key = rounding_step_key(r.seed, r.step);
+  c.first_index = r.first_index;
+  c.n = n;
+  return c;
 }
 
 MixedCommon mixed_common(const UpdateTensors& t, const GradTransform& gt, const Rounding& r) {
@@ -160,6 +183,12 @@ void sgd_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t n, con
   if (n == 0) return;
   check_tensors(t, n, op);
   if (s.use_momentum) check_span(momentum_buf, n, op, "momentum_buf");
+  if (t.master_remainder != nullptr) {
+    check_remainder_rounding(t, r, op);
+    check_cuda(static_cast<cudaError_t>(launch_sgd_remainder(compact_common(t, n, gt, r), momentum_buf, s, stream)),
+               "sgd_update_cuda: kernel launch (master remainders)");
+    return;
+  }
   MixedSgdArgs args;
   args.common = mixed_common(t, gt, r);
   args.dtype = t.dtype;
@@ -187,6 +216,13 @@ void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
   check_span(exp_avg, n, op, "exp_avg");
   check_span(exp_avg_sq, n, op, "exp_avg_sq");
   if (s.amsgrad) check_span(max_exp_avg_sq, n, op, "max_exp_avg_sq");
+  if (t.master_remainder != nullptr) {
+    check_remainder_rounding(t, r, op);
+    check_cuda(static_cast<cudaError_t>(launch_adam_remainder(compact_common(t, n, gt, r), exp_avg, exp_avg_sq,
+                                                              max_exp_avg_sq, s, stream)),
+               "adam_update_cuda: kernel launch (master remainders)");
+    return;
+  }
   MixedAdamArgs args;
   args.common = mixed_common(t, gt, r);
   args.dtype = t.dtype;
@@ -204,6 +240,22 @@ void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                       "adam_update_cuda: occupancy"));
   check_cuda(static_cast<cudaError_t>(launch_mixed_adam(args, plan, grid, stream)),
              "adam_update_cuda: kernel launch");
+}
+
+void adam_update_q8_cuda(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
+                         const GradTransform& gt, const Rounding& r, void* stream) {
+  const char* op = "adam_update_q8_cuda";
+  SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
+  if (n == 0) return;
+  check_tensors(t, n, op);
+  check_remainder_rounding(t, r, op);
+  check_span(q.exp_avg, n, op, "exp_avg");
+  check_span(q.exp_avg_sq, n, op, "exp_avg_sq");
+  check_span(q.exp_avg_absmax, q8_blocks(n), op, "exp_avg_absmax");
+  check_span(q.exp_avg_sq_absmax, q8_blocks(n), op, "exp_avg_sq_absmax");
+  SHARDOPT_KERNEL_CHECK(!s.amsgrad, invalid_argument, "{}: amsgrad keeps max_exp_avg_sq, which has no 8-bit form", op);
+  check_cuda(static_cast<cudaError_t>(launch_adam_q8(compact_common(t, n, gt, r), q, s, stream)),
+             "adam_update_q8_cuda: kernel launch");
 }
 
 void grad_stats_cuda(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm,

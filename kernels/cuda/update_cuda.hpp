@@ -16,6 +16,7 @@
 
 #include "cuda/launch_cache.hpp"
 #include "mixed_update.hpp"
+#include "q8_state.hpp"
 #include "shardopt/types.hpp"
 #include "update_rules.hpp"
 
@@ -35,6 +36,13 @@ void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                       float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
                       const GradTransform& gt, const Rounding& r, void* stream,
                       LaunchCache* cache = nullptr);
+
+// adam_update_q8_cpu's contract (8-bit blockwise moments, kernels/q8_state.hpp) with the thread
+// count replaced by a stream: codes, absmax and parameters bitwise the CPU kernel's. With
+// `master_remainder` set (bf16), sgd_update_cuda, adam_update_cuda and this one keep the master
+// as the parameter and its remainder, as the CPU loops do (nearest rounding only).
+void adam_update_q8_cuda(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
+                         const GradTransform& gt, const Rounding& r, void* stream);
 
 // Writes out[0] = sum of squares (or max |g| when inf_norm) of the unscaled gradients, in
 // double, and out[1] = 1.0 if any is inf/NaN else 0.0 — or combines into out[0..1] when

@@ -20,6 +20,12 @@ void DeviceOps::muon_update(const kernels::UpdateTensors&, float*, int64_t, int6
   raise(ErrorCode::unsupported, "Muon: this device implementation has no Newton-Schulz");
 }
 
+void DeviceOps::adam_update_q8(const kernels::UpdateTensors&, const kernels::Q8Moments&, int64_t,
+                               const kernels::AdamScalars&, const kernels::GradTransform&, const kernels::Rounding&,
+                               void*) {
+  raise(ErrorCode::unsupported, "state_precision = q8: this device implementation has no 8-bit update");
+}
+
 #if SHARDOPT_HAVE_CUDA
 
 namespace {
@@ -67,6 +73,11 @@ class CudaDeviceOps final : public DeviceOps {
                    int64_t n, const kernels::AdamScalars& s, const kernels::GradTransform& gt,
                    const kernels::Rounding& r, void* stream) override {
     kernels::adam_update_cuda(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, gt, r, stream, &launch_);
+  }
+  void adam_update_q8(const kernels::UpdateTensors& t, const kernels::Q8Moments& q, int64_t n,
+                      const kernels::AdamScalars& s, const kernels::GradTransform& gt, const kernels::Rounding& r,
+                      void* stream) override {
+    kernels::adam_update_q8_cuda(t, q, n, s, gt, r, stream);
   }
   void grad_stats(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm, double* out,
                   bool accumulate, void* workspace, void* stream) override {

@@ -15,6 +15,7 @@
 #include "core/flat_buffer.hpp"
 #include "cpu/muon_cpu.hpp"
 #include "mixed_update.hpp"
+#include "q8_state.hpp"
 #include "shardopt/types.hpp"
 #include "update_rules.hpp"
 
@@ -47,6 +48,11 @@ class DeviceOps {
   virtual void adam_update(const kernels::UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                            float* max_exp_avg_sq, int64_t n, const kernels::AdamScalars& s,
                            const kernels::GradTransform& gt, const kernels::Rounding& r, void* stream) = 0;
+  // Adam/AdamW over 8-bit blockwise moments (kernels::adam_update_q8_cuda's contract).
+  // Error(unsupported) where an implementation has none.
+  virtual void adam_update_q8(const kernels::UpdateTensors& t, const kernels::Q8Moments& q, int64_t n,
+                              const kernels::AdamScalars& s, const kernels::GradTransform& gt,
+                              const kernels::Rounding& r, void* stream);
   // `workspace`: grad_stats_workspace_bytes() of device memory, which the caller keeps (a null
   // workspace would make CUDA allocate one per call).
   virtual void grad_stats(const void* grad, DType dtype, int64_t n, float unscale, bool inf_norm, double* out,

@@ -234,10 +234,6 @@ Registration ParamTable::prepare(const std::vector<ParamGroupSpec>& specs, const
       check_buffers(label, p, config.storage);
       check_shape(label, p, algorithm, group_index);
       check_master_storage(label, p.param, out.storage.back().master, group_index);
-      SHARDOPT_CHECK(out.storage.back().state_precision != StatePrecision::q8 || p.param.device.is_cpu(), unsupported,
-                     "param group {}: state_precision = q8 is implemented for CPU parameters only, but parameter {} "
-                     "is on {}",
-                     group_index, label, device_name(p.param.device));
       for (const ParamRecord& existing : params_) {
         SHARDOPT_CHECK(existing.name != p.name, invalid_argument, "parameter name '{}' is registered twice", p.name);
       }

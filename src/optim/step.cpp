@@ -226,7 +226,9 @@ void Step::update_range(int64_t lo, int64_t hi) {
       const kernels::AdamScalars s =
           kernels::make_adam_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay,
                                      algorithm == Algorithm::adamw, h.amsgrad, h.maximize, p.step + 1);
-      if (run.q8) {
+      if (run.q8 && dev_.on_device()) {
+        dev_.ops().adam_update_q8(tensors, shard_.q8_moments(run), run.length, s, transform, rounding, dev_.stream());
+      } else if (run.q8) {
         kernels::adam_update_q8_cpu(tensors, shard_.q8_moments(run), run.length, s, transform, rounding, threads);
       } else if (dev_.on_device()) {
         dev_.ops().adam_update(tensors, at(kExpAvg), at(kExpAvgSq), at(kMaxExpAvgSq), run.length, s, transform,

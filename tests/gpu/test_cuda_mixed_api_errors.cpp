@@ -98,3 +98,51 @@ TEST_CASE("grad_stats and the conversions check their arguments", "[cuda][api][m
   REQUIRE_NOTHROW(narrow_cuda(nullptr, nullptr, DType::f16, 0, nullptr));
   REQUIRE_NOTHROW(divide_cuda(static_cast<void*>(nullptr), DType::bf16, 0, 2.f, nullptr));
 }
+
+TEST_CASE("the compact-state updates (q8 moments, master remainders) check their arguments before CUDA", "[cuda][api][q8]") {
+  std::vector<float> host(16, 0.f);
+  std::vector<uint8_t> codes(16, 0);
+  std::vector<int16_t> remainders(16, 0);
+  float* p = host.data();
+  uint8_t* c = codes.data();
+  AdamScalars adam = make_adam_scalars(1e-3, 0.9, 0.999, 1e-8, 0.0, false, true, false, 1);
+  const GradTransform gt;
+  Rounding r;
+  const Q8Moments q{c, c, p, p};
+
+  Error e = error_of([&] { adam_update_q8_cuda(UpdateTensors{p, p, nullptr, DType::f32}, q, 8, adam, gt, r, nullptr); });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("adam_update_q8_cuda: amsgrad keeps max_exp_avg_sq"));
+  adam.amsgrad = false;
+
+  e = error_of([&] {
+    adam_update_q8_cuda(UpdateTensors{p, p, nullptr, DType::f32}, Q8Moments{c, nullptr, p, p}, 8, adam, gt, r, nullptr);
+  });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("`exp_avg_sq` is null"));
+
+  e = error_of([&] {
+    adam_update_q8_cuda(UpdateTensors{p, p, nullptr, DType::f32}, Q8Moments{c, c, p, nullptr}, 8, adam, gt, r, nullptr);
+  });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("`exp_avg_sq_absmax` is null"));
+
+  // Remainders: bf16 only, in place of `master`, and never with stochastic rounding.
+  UpdateTensors remainder_f16{p, p, nullptr, DType::f16};
+  remainder_f16.master_remainder = remainders.data();
+  e = error_of([&] { adam_update_cuda(remainder_f16, p, p, p, 8, adam, gt, r, nullptr); });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("`master_remainder` holds the master of bf16 parameters"));
+
+  UpdateTensors remainder_bf16{p, p, nullptr, DType::bf16};
+  remainder_bf16.master_remainder = remainders.data();
+  r.stochastic = true;
+  e = error_of([&] { adam_update_q8_cuda(remainder_bf16, q, 8, adam, gt, r, nullptr); });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("stochastic rounding cannot combine with `master_remainder`"));
+  e = error_of([&] {
+    sgd_update_cuda(remainder_bf16, p, 8, make_sgd_scalars(0.1, 0.9, 0.0, 0.0, false, false, true), gt, r, nullptr);
+  });
+  REQUIRE(e.code() == ErrorCode::invalid_argument);
+  REQUIRE_THAT(e.what(), Catch::Contains("sgd_update_cuda: stochastic rounding cannot combine"));
+}

@@ -468,3 +468,35 @@ TEST_CASE("a Muon + AdamW step on CUDA parameters follows the CPU step", "[gpu][
                     (gpu.size() - matrix_elements) * sizeof(float)) == 0);  // AdamW: element-wise, bitwise
   if (nccl()) REQUIRE(bitwise_equal(train_muon(nccl(), nccl()->device()), gpu));
 }
+
+// 8-bit blockwise moments on CUDA parameters (kernels/cuda/compact_kernels.cu): the step is
+// bitwise the CPU one (sizes above and below the 4096-element threshold, partial last blocks),
+// on one GPU and sharded over NCCL (sorted_greedy keeps each parameter whole).
+TEST_CASE("a q8 Adam/AdamW step on CUDA parameters is bitwise the CPU step", "[gpu][zero][q8]") {
+  const std::vector<int64_t> sizes = {5000, 13, 4099, 70001};
+  const auto train_q8 = [&](std::shared_ptr<Communicator> comm, OptimizerConfig config, Device device) {
+    Model model(sizes, device, 7);
+    Hyperparams h;
+    h.lr = 0.01;
+    h.weight_decay = 0.02;
+    ZeroOptimizer opt(comm, config, {model.group(0, sizes.size(), h, false)});
+    for (int s = 0; s < 6; ++s) {
+      for (ParamId id = 0; id < opt.num_params(); ++id) {
+        const TensorRef g = opt.grad_view(id);
+        write_view(g, seeded_values(3000u + static_cast<uint32_t>(s * 97 + id), g.numel, 0.1f), opt.cuda_stream());
+      }
+      opt.step();
+    }
+    return all_params(opt);
+  };
+  for (Algorithm algorithm : {Algorithm::adam, Algorithm::adamw}) {
+    CAPTURE(algorithm_name(algorithm));
+    OptimizerConfig config;
+    config.algorithm = algorithm;
+    config.partition = PartitionStrategy::sorted_greedy;
+    config.state_precision = StatePrecision::q8;
+    const std::vector<float> cpu = train_q8(solo(), config, Device::cpu());
+    REQUIRE(bitwise_equal(train_q8(solo(), config, my_device()), cpu));
+    if (nccl()) REQUIRE(bitwise_equal(train_q8(nccl(), config, nccl()->device()), cpu));
+  }
+}

@@ -67,6 +67,12 @@ class HostDeviceOps final : public shardopt::optim::DeviceOps {
     ++counts_->launches;
     shardopt::kernels::adam_update_cpu(t, exp_avg, exp_avg_sq, max_exp_avg_sq, n, s, gt, r, 1);
   }
+  void adam_update_q8(const shardopt::kernels::UpdateTensors& t, const shardopt::kernels::Q8Moments& q, int64_t n,
+                      const shardopt::kernels::AdamScalars& s, const shardopt::kernels::GradTransform& gt,
+                      const shardopt::kernels::Rounding& r, void*) override {
+    ++counts_->launches;
+    shardopt::kernels::adam_update_q8_cpu(t, q, n, s, gt, r, 1);
+  }
   void muon_update(const shardopt::kernels::UpdateTensors& t, float* momentum_buf, int64_t rows, int64_t cols,
                    const shardopt::kernels::MuonScalars& s, const shardopt::kernels::GradTransform& gt,
                    const shardopt::kernels::Rounding& r, shardopt::kernels::MuonPrecision precision, void*) override {

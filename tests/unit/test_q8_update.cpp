@@ -13,6 +13,7 @@
 
 #include "cpu/cpu_isa.hpp"
 #include "cpu/kernel_table.hpp"
+#include "cpu/q8_buckets.hpp"
 #include "cpu/update_cpu.hpp"
 #include "q8_state.hpp"
 #include "shardopt/error.hpp"
@@ -224,4 +225,92 @@ TEST_CASE("q8: the public entry point refuses amsgrad and missing buffers", "[q8
              Catch::Contains("`exp_avg_sq` is null"));
   adam_update_q8_cpu(t, Q8Moments{c.data(), c.data(), a.data(), a.data()}, 8, s, {}, {}, 1);
   CHECK(a[0] > 0.f);
+}
+
+TEST_CASE("q8: the bucket lookup finds the binary search's code for every float in [-1, 1] (a stride) and the edges",
+          "[q8]") {
+  using cpu_loops::q8_bucket_code;
+  std::vector<uint32_t> patterns;
+  // Every 97th pattern of [0, 1] and [-1, -0] (about 21 million values each side), every
+  // midpoint and its neighbours, the ends and both zeros.
+  for (uint32_t u = 0; u <= 0x3f800000u; u += 97) {
+    patterns.push_back(u);
+    patterns.push_back(u | 0x80000000u);
+  }
+  for (const uint32_t* bounds : {kQ8SignedBounds, kQ8UnsignedBounds}) {
+    for (int i = 0; i < 255; ++i) {
+      for (int d = -2; d <= 2; ++d) {
+        const uint32_t u = bounds[i] + static_cast<uint32_t>(d);
+        patterns.push_back(u);
+        patterns.push_back(u ^ 0x80000000u);
+      }
+    }
+  }
+  for (uint32_t u : {0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u, 0x00000001u, 0x80000001u}) patterns.push_back(u);
+  int64_t wrong_signed = 0, wrong_unsigned = 0;
+  for (uint32_t u : patterns) {
+    const float x = bits_float(u);
+    if (!(x >= -1.f && x <= 1.f)) continue;
+    wrong_signed += q8_bucket_code(u, cpu_loops::kQ8SignedBucketTable, cpu_loops::kQ8SignedBuckets) !=
+                    q8_nearest_code(kQ8SignedBounds, x);
+    wrong_unsigned += q8_bucket_code(u, cpu_loops::kQ8UnsignedBucketTable, cpu_loops::kQ8UnsignedBuckets) !=
+                      q8_nearest_code(kQ8UnsignedBounds, x);
+  }
+  CHECK(wrong_signed == 0);
+  CHECK(wrong_unsigned == 0);
+}
+
+TEST_CASE("q8: every ISA variant writes the same codes, absmax and parameters, NaN, inf, subnormals and ties included",
+          "[q8]") {
+  // 4 full blocks and a partial one; moments built so that their scaled values hit the maps'
+  // midpoints exactly (ties), subnormal and zero blocks, a NaN and an inf gradient.
+  const int64_t n = 4 * kQ8Block + 77;
+  const auto un = static_cast<std::size_t>(n);
+  std::vector<float> param0(un), grad(un);
+  uint32_t state = 12345u;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 16777216.f - 0.5f;
+  };
+  for (std::size_t i = 0; i < un; ++i) {
+    param0[i] = next();
+    grad[i] = next() * 1e-2f;
+  }
+  for (std::size_t i = 0; i < 256; ++i) grad[256 + i] = bits_float(kQ8SignedBounds[i % 255]);  // midpoints
+  for (std::size_t i = 0; i < 256; ++i) grad[512 + i] = bits_float(static_cast<uint32_t>(i + 1));  // subnormals
+  for (std::size_t i = 0; i < 256; ++i) grad[768 + i] = 0.f;
+  grad[40] = NAN;
+  grad[1030] = INFINITY;
+  std::vector<std::vector<uint8_t>> codes_by_variant;
+  std::vector<std::vector<float>> floats_by_variant;
+  for (const CpuKernelTable* variant : runnable_variants()) {
+    CAPTURE(cpu_isa_name(variant->isa));
+    std::vector<float> param = param0;
+    std::vector<uint8_t> c1(un, 0), c2(un, 0);
+    std::vector<float> a1(static_cast<std::size_t>(q8_blocks(n)), 0.f), a2(a1);
+    for (int t = 1; t <= 3; ++t) {
+      for (bool decoupled : {false, true}) {
+        const AdamScalars s = make_adam_scalars(1e-2, 0.9, 0.999, 1e-8, 0.01, decoupled, false, false, t);
+        const UpdateTensors tensors{param.data(), grad.data(), nullptr, DType::f32};
+        variant->adam_update_q8(tensors, Q8Moments{c1.data(), c2.data(), a1.data(), a2.data()}, n, s, GradTransform{},
+                                Rounding{}, 1);
+      }
+    }
+    std::vector<uint8_t> codes = c1;
+    codes.insert(codes.end(), c2.begin(), c2.end());
+    codes_by_variant.push_back(codes);
+    std::vector<float> floats = param;
+    floats.insert(floats.end(), a1.begin(), a1.end());
+    floats.insert(floats.end(), a2.begin(), a2.end());
+    floats_by_variant.push_back(floats);
+    CHECK(std::isnan(a1[0]));  // the NaN gradient's block
+    CHECK(c1[40] == 255);
+  }
+  for (std::size_t v = 1; v < codes_by_variant.size(); ++v) {
+    REQUIRE(codes_by_variant[v] == codes_by_variant[0]);
+    const std::vector<float>& a = floats_by_variant[v];
+    const std::vector<float>& b = floats_by_variant[0];
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(float_bits(a[i]) == float_bits(b[i]));
+  }
 }
