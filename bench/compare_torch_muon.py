@@ -19,10 +19,11 @@ gradients: the optimizer step is compared, not the backward pass.
 Every timed step runs between two barriers; a step's time is the slowest rank's; the median over
 --steps steps after --warmup is reported. The last line: shardopt's step over torch's.
 
-shardopt-bench prints blas_core, the kernel OpenBLAS picked for this CPU. An OpenBLAS older than
-the CPU falls back to a generic kernel (0.3.21 on an Emerald Rapids runs "Prescott", 4-5x slower
-sgemm); --openblas-coretype NAME sets OPENBLAS_CORETYPE for shardopt's ranks (e.g. SkylakeX), as
-a user of such a machine would.
+shardopt-bench prints blas_core, the kernel OpenBLAS runs, and blas_core_at_load, the one it
+picked for this CPU. An OpenBLAS older than the CPU falls back to a generic kernel (0.3.21 on an
+Emerald Rapids picks "Prescott", 4-5x slower sgemm); shardopt then switches it to the kernel the CPU
+runs (SkylakeX there) before its first product (docs/muon.md). --openblas-coretype NAME sets
+OPENBLAS_CORETYPE for shardopt's ranks, which shardopt keeps (e.g. Prescott, to measure the fallback).
 
 Needs torch >= 2.9 (torch.optim.Muon): run it with an interpreter that has one, e.g. a
 virtual environment with torch from PyPI.
@@ -190,7 +191,7 @@ def main() -> int:
         f = ours["fields"]
         ratio = ours["step_ms"] / theirs["step_ms"]
         print(f"# {ours['cmd']}" + (f"  (OPENBLAS_CORETYPE={args.openblas_coretype})" if args.openblas_coretype else ""))
-        print(f"precision={precision} blas_core={f['blas_core']} shardopt_step_ms={ours['step_ms']:.1f} "
+        print(f"precision={precision} blas_core={f['blas_core']} blas_core_at_load={f.get('blas_core_at_load', '?')} shardopt_step_ms={ours['step_ms']:.1f} "
               f"newton_schulz_ms={float(f['newton_schulz_ms_median']):.1f} update_ms={float(f['update_ms_median']):.1f} "
               f"sync_ms={float(f['sync_ms_median']):.1f} wrong={f['wrong']} "
               f"torch_replicated_step_ms={theirs['step_ms']:.1f} shardopt_over_torch={ratio:.3f} "

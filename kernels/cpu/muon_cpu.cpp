@@ -1,6 +1,8 @@
 // kernels/cpu/muon_cpu.cpp — Muon on the CPU: momentum by lerp, Newton-Schulz over cblas_sgemm (bf16 emulated as torch runs it, or fp32), and the decoupled update.
 #include "cpu/muon_cpu.hpp"
 
+#include "cpu/blas_core.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -100,6 +102,7 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
                        MuonPrecision precision, int blas_threads, MuonWorkspace& ws) {
   SHARDOPT_KERNEL_CHECK(rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, invalid_argument,
                  "newton_schulz_cpu: a {} x {} matrix (each side must be in [1, 2^31))", rows, cols);
+  ensure_blas_core();  // once per process: out of an OpenBLAS fallback core before the first product
   const auto started = std::chrono::steady_clock::now();
   const BlasThreads scope(blas_threads);
   // Work on the wide orientation (m <= n), as torch transposes a tall matrix.
