@@ -48,6 +48,8 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+from torch_muon_f32 import muon_newton_schulz  # noqa: E402  (tools/: shared with gen_golden_muon.py)
 
 
 def mpi_env(coretype: str | None) -> dict:
@@ -67,30 +69,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def zeropower_f32(grad, ns_coefficients, ns_steps, eps):
-    """torch's _zeropower_via_newtonschulz with float32 where it uses bfloat16, nothing else."""
-    a, b, c = ns_coefficients
-    ortho_grad = grad.to(dtype=torch.float32, copy=True)
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
-    for _ in range(ns_steps):
-        gram_matrix = ortho_grad @ ortho_grad.T
-        gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
-        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    return ortho_grad
-
-
 def torch_rank(rank: int, world: int, port: int, cfg: dict, out_path: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(cfg["threads"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    if cfg["precision"] == "f32":
-        import torch.optim._muon as muon_module
-        muon_module._zeropower_via_newtonschulz = zeropower_f32
+    with muon_newton_schulz(cfg["precision"]):
+        time_torch_steps(rank, world, cfg, out_path)
+    dist.destroy_process_group()
+
+
+def time_torch_steps(rank: int, world: int, cfg: dict, out_path: str) -> None:
     gen = torch.Generator().manual_seed(1234)  # the same model and gradients on every rank
     w = cfg["width"]
     weights = [torch.nn.Parameter(torch.randn(w, w, generator=gen) * 0.05) for _ in range(cfg["layers"])]
@@ -119,7 +108,6 @@ def torch_rank(rank: int, world: int, port: int, cfg: dict, out_path: str) -> No
         slowest = [max(rank_seconds[i] for rank_seconds in everyone) for i in range(cfg["steps"])]
         with open(out_path, "w") as f:
             json.dump({"step_ms": statistics.median(slowest) * 1e3}, f)
-    dist.destroy_process_group()
 
 
 def run_torch(cfg: dict, timeout_s: float) -> dict:
