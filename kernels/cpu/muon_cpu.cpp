@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <mutex>
+
+#include <strings.h>
 
 #include <cblas.h>
 
@@ -31,6 +35,14 @@ class BlasThreads {
  private:
   int before_;
 };
+
+// bf16 products on AMX tiles where this process has them, unless SHARDOPT_CPU_ISA forces a
+// variant: then they stay OpenBLAS's sgemm of bf16 values, as on CPUs without AMX.
+bool compute_bf16_products_on_amx() {
+  const char* forced = std::getenv("SHARDOPT_CPU_ISA");
+  const bool automatic = forced == nullptr || *forced == '\0' || strcasecmp(forced, "auto") == 0;
+  return automatic && amx_bf16_usable();
+}
 
 void keep_bf16(float* x, int64_t n, MuonPrecision precision) {
   if (precision != MuonPrecision::bf16) return;
@@ -68,6 +80,13 @@ void gram_matrix(const float* a, int64_t m, int64_t k, float* product) {
 }
 
 }  // namespace
+
+bool bf16_products_on_amx() {
+  static std::once_flag once;
+  static bool on = false;
+  std::call_once(once, [] { on = compute_bf16_products_on_amx(); });
+  return on;
+}
 
 double muon_adjusted_lr(double lr, int adjust, int64_t rows, int64_t cols) {
   const double a = static_cast<double>(rows);
@@ -137,12 +156,28 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
   float* gram = ws.gram.data();
   float* poly = ws.poly.data();
   float* next = ws.next.data();
+  const bool amx = precision == MuonPrecision::bf16 && bf16_products_on_amx();
   for (int step = 0; step < s.ns_steps; ++step) {
-    gram_matrix(x, m, n, poly);  // A = X X^T
+    // A = X X^T
+    if (amx) {
+      amx_bf16_gemm(x, x, true, m, m, n, true, poly, ws.amx);
+    } else {
+      gram_matrix(x, m, n, poly);
+    }
     epilogue(nullptr, 0.f, poly, 1.f, m * m, gram, precision);
-    gram_matrix(gram, m, m, next);  // B = b A + c A A
+    // B = b A + c A A
+    if (amx) {
+      amx_bf16_gemm(gram, gram, true, m, m, m, true, next, ws.amx);
+    } else {
+      gram_matrix(gram, m, m, next);
+    }
     epilogue(gram, s.ns[1], next, s.ns[2], m * m, poly, precision);
-    matmul(poly, x, m, n, m, next);  // X = a X + B X
+    // X = a X + B X
+    if (amx) {
+      amx_bf16_gemm(poly, x, false, m, n, m, false, next, ws.amx);
+    } else {
+      matmul(poly, x, m, n, m, next);
+    }
     epilogue(x, s.ns[0], next, 1.f, m * n, x, precision);
   }
   if (tall) {
