@@ -179,7 +179,7 @@ def main() -> int:
         f = ours["fields"]
         ratio = ours["step_ms"] / theirs["step_ms"]
         print(f"# {ours['cmd']}" + (f"  (OPENBLAS_CORETYPE={args.openblas_coretype})" if args.openblas_coretype else ""))
-        print(f"precision={precision} blas_core={f['blas_core']} blas_core_at_load={f.get('blas_core_at_load', '?')} shardopt_step_ms={ours['step_ms']:.1f} "
+        print(f"precision={precision} blas_core={f['blas_core']} blas_core_at_load={f.get('blas_core_at_load', '?')} bf16_products={f.get('bf16_products', '?')} shardopt_step_ms={ours['step_ms']:.1f} "
               f"newton_schulz_ms={float(f['newton_schulz_ms_median']):.1f} update_ms={float(f['update_ms_median']):.1f} "
               f"sync_ms={float(f['sync_ms_median']):.1f} wrong={f['wrong']} "
               f"torch_replicated_step_ms={theirs['step_ms']:.1f} shardopt_over_torch={ratio:.3f} "

@@ -159,6 +159,18 @@ void pack_b(const float* b, bool b_transposed, int64_t n, int64_t k, int64_t np,
   }
 }
 
+// For a times a^T, B's tiles are A's transposed as 16 x 16 words (a pair of A's row c at pair
+// column p is B's word (p, c)): from the packed A, in cache, instead of from the matrix again.
+void pack_b_from_a(const uint16_t* packed_a, int64_t tiles, uint32_t* words) {
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint16_t* a = packed_a + t * kTileRows * kTileK;
+    uint32_t* b = words + t * kTileRows * kTileRows;
+    for (int64_t c = 0; c < kTileRows; ++c) {
+      for (int64_t p = 0; p < kTileRows; ++p) std::memcpy(&b[p * kTileRows + c], a + (c * kTileRows + p) * 2, 4);
+    }
+  }
+}
+
 }  // namespace
 
 bool amx_bf16_usable() {
@@ -183,7 +195,11 @@ void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m,
   if (!unpadded) scratch.c.resize(static_cast<std::size_t>(mp * np));
   pack_a(a, m, k, mp, kp, scratch.a.data());
   scratch.b.resize(static_cast<std::size_t>(np * kp / 2));
-  pack_b(b, b_transposed, n, k, np, kp, scratch.b.data());
+  if (symmetric) {
+    pack_b_from_a(scratch.a.data(), (mp / kTileRows) * (kp / kTileK), scratch.b.data());
+  } else {
+    pack_b(b, b_transposed, n, k, np, kp, scratch.b.data());
+  }
   float* c = unpadded ? product : scratch.c.data();
 #if SHARDOPT_AMX_COMPILED
   tile_products(scratch.a.data(), scratch.b.data(), c, mp, np, kp, symmetric);

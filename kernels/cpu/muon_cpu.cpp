@@ -53,12 +53,17 @@ void keep_bf16(float* x, int64_t n, MuonPrecision precision) {
 // rounded to bf16 where emulated; without `c`, out = product. `c` may alias `out`.
 void epilogue(const float* c, float beta, const float* product, float alpha, int64_t count, float* out,
               MuonPrecision precision) {
-  if (c == nullptr) {
+  // One pass each: the bf16 rounding in the same loop as the arithmetic.
+  const bool bf16 = precision == MuonPrecision::bf16;
+  if (c == nullptr && bf16) {
+    for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(product[i]);
+  } else if (c == nullptr) {
     for (int64_t i = 0; i < count; ++i) out[i] = product[i];
+  } else if (bf16) {
+    for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(beta * c[i] + alpha * product[i]);
   } else {
     for (int64_t i = 0; i < count; ++i) out[i] = beta * c[i] + alpha * product[i];
   }
-  keep_bf16(out, count, precision);
 }
 
 // product = a @ b (m x k times k x n, row-major) in one sgemm (fp32 accumulation).
