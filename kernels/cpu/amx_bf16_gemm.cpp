@@ -208,11 +208,18 @@ void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m,
     for (int64_t r = 0; r < m; ++r) std::copy(c + r * np, c + r * np + n, product + r * n);
   }
   if (!symmetric) return;
-  // Below the diagonal blocks were not computed: mirror the upper ones, 32 x 32 at a time.
+  // Below the diagonal blocks were not computed: mirror the upper ones, 32 x 32 at a time,
+  // through a local copy (reading a column of the product directly would hit one cache set
+  // per element where a row is a multiple of 4 KiB).
+  float upper[kBlock][kBlock];
   for (int64_t bi = 0; bi < m; bi += kBlock) {
+    const int64_t rows = std::min(kBlock, m - bi);
     for (int64_t bj = 0; bj <= bi; bj += kBlock) {
-      for (int64_t r = bi; r < std::min(bi + kBlock, m); ++r) {
-        for (int64_t col = bj; col < std::min(bj + kBlock, r); ++col) product[r * n + col] = c[col * np + r];
+      const int64_t cols = std::min(kBlock, m - bj);
+      for (int64_t u = 0; u < cols; ++u) std::copy(c + (bj + u) * np + bi, c + (bj + u) * np + bi + rows, upper[u]);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t end = std::min(cols, bi + r - bj);  // columns left of the diagonal
+        for (int64_t u = 0; u < end; ++u) product[(bi + r) * n + bj + u] = upper[u][r];
       }
     }
   }
