@@ -37,6 +37,8 @@ D2DBandwidth best_of(const D2DBandwidth& a, const D2DBandwidth& b) {
   return best;
 }
 
+}  // namespace
+
 // The synthetic values of the whole model (`params`: parameters, else gradients) into device
 // memory at `device_base` (one element of o.dtype per model element), a tensor at a time
 // through host memory.
@@ -58,11 +60,6 @@ TensorRef read_to_host(const TensorRef& view, std::vector<uint32_t>& scratch) {
   copy_to_host(scratch.data(), view.data, view.nbytes());
   return TensorRef{scratch.data(), view.numel, view.dtype, Device::cpu()};
 }
-
-struct CudaTiming {
-  double step_s = 0;   // host time with the device drained on both sides
-  double event_s = 0;  // CUDA events on the optimizer's stream
-};
 
 CudaTiming time_cuda_steps(Communicator& host, ZeroOptimizer& opt, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) opt.step();
@@ -104,8 +101,6 @@ std::string token(std::string text) {
   std::replace(text.begin(), text.end(), ' ', '_');
   return text;
 }
-
-}  // namespace
 
 int run_cuda_step(const std::shared_ptr<Communicator>& host, const std::shared_ptr<Communicator>& device_comm,
                   const Options& flags) {

@@ -21,15 +21,6 @@ using shardopt::OptimizerConfig;
 using shardopt::ParamGroupSpec;
 using shardopt::ZeroOptimizer;
 
-namespace {
-
-// The layers' weights (one Muon group, ids 0..k-1) then their biases (one AdamW group, ids
-// k..2k-1), in the id order the optimizer registers them.
-struct MuonPieces {
-  std::vector<Tensor> by_id;
-  int64_t matrices = 0;
-};
-
 MuonPieces muon_pieces(const Model& model, const std::vector<int>& layers) {
   MuonPieces pieces;
   for (int l : layers) pieces.by_id.push_back(model.tensors[static_cast<std::size_t>(2 * l)]);
@@ -66,6 +57,8 @@ std::unique_ptr<ZeroOptimizer> build_muon_optimizer(std::shared_ptr<Communicator
   }
   return opt;
 }
+
+namespace {
 
 uint64_t fnv1a(const void* data, std::size_t bytes, uint64_t hash) {
   const auto* p = static_cast<const unsigned char*>(data);
