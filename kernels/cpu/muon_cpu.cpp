@@ -1,4 +1,4 @@
-// kernels/cpu/muon_cpu.cpp — Muon on the CPU: momentum by lerp, Newton-Schulz over cblas_sgemm (bf16 emulated as torch runs it, or fp32), and the decoupled update.
+// kernels/cpu/muon_cpu.cpp — Muon on the CPU: momentum by lerp, Newton-Schulz over OpenBLAS (fp32, or bf16 emulated as torch runs it; bf16 products on AMX tiles where the CPU has them), and the decoupled update.
 #include "cpu/muon_cpu.hpp"
 
 #include "cpu/blas_core.hpp"
