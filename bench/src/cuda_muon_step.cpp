@@ -103,14 +103,7 @@ int run_cuda_muon_step(const std::shared_ptr<Communicator>& host, const std::sha
   ZeroOptimizer opt(device_comm, config, {std::move(muon), std::move(adamw)});
   synchronize_device();
   params.reset();
-  std::vector<uint32_t> host_grad;
-  for (std::size_t i = 0; i < pieces.by_id.size(); ++i) {
-    const Tensor& t = pieces.by_id[i];
-    const TensorRef view = opt.grad_view(static_cast<shardopt::ParamId>(i));
-    host_grad.resize(static_cast<std::size_t>((view.nbytes() + 3) / 4));
-    fill_grad_values(TensorRef{host_grad.data(), t.numel, o.dtype, Device::cpu()}, t.offset, o);
-    copy_to_device(view.data, host_grad.data(), view.nbytes());
-  }
+  upload_grad_views(opt, pieces.by_id, o);
 
   const CudaTiming timing = time_cuda_steps(*host, opt, o.warmup, o.iters);
 

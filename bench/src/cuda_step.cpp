@@ -61,6 +61,17 @@ TensorRef read_to_host(const TensorRef& view, std::vector<uint32_t>& scratch) {
   return TensorRef{scratch.data(), view.numel, view.dtype, Device::cpu()};
 }
 
+void upload_grad_views(ZeroOptimizer& opt, const std::vector<Tensor>& by_id, const Options& o) {
+  std::vector<uint32_t> host_grad;
+  for (std::size_t i = 0; i < by_id.size(); ++i) {
+    const Tensor& t = by_id[i];
+    const TensorRef view = opt.grad_view(static_cast<shardopt::ParamId>(i));
+    host_grad.resize(static_cast<std::size_t>((view.nbytes() + 3) / 4));
+    fill_grad_values(TensorRef{host_grad.data(), t.numel, o.dtype, Device::cpu()}, t.offset, o);
+    copy_to_device(view.data, host_grad.data(), view.nbytes());
+  }
+}
+
 CudaTiming time_cuda_steps(Communicator& host, ZeroOptimizer& opt, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) opt.step();
   synchronize_device();
@@ -141,14 +152,7 @@ int run_cuda_step(const std::shared_ptr<Communicator>& host, const std::shared_p
     // gradients are written into its grad views.
     synchronize_device();
     params.reset();
-    std::vector<uint32_t> host_grad;
-    for (std::size_t i = 0; i < model.tensors.size(); ++i) {
-      const Tensor& t = model.tensors[i];
-      const TensorRef view = opt.grad_view(static_cast<shardopt::ParamId>(i));
-      host_grad.resize(static_cast<std::size_t>((view.nbytes() + 3) / 4));
-      fill_grad_values(TensorRef{host_grad.data(), t.numel, o.dtype, Device::cpu()}, t.offset, o);
-      copy_to_device(view.data, host_grad.data(), view.nbytes());
-    }
+    upload_grad_views(opt, model.tensors, o);
   }
 
   const CudaTiming timing = time_cuda_steps(*host, opt, o.warmup, o.iters);

@@ -20,6 +20,10 @@ void upload_model_values(void* device_base, const Model& model, const Options& o
 // A device view's values into `scratch`, as a host TensorRef.
 shardopt::TensorRef read_to_host(const shardopt::TensorRef& view, std::vector<uint32_t>& scratch);
 
+// The synthetic gradients of the tensors registered as ids 0, 1, ... (by_id[i] is id i) into
+// the optimizer's device grad views.
+void upload_grad_views(shardopt::ZeroOptimizer& opt, const std::vector<Tensor>& by_id, const Options& o);
+
 struct CudaTiming {
   double step_s = 0;   // host time with the device drained on both sides
   double event_s = 0;  // CUDA events on the optimizer's stream

@@ -64,6 +64,10 @@ const char* const usage_text =
     "                                        The timed step is the same; at 2 the gradients\n"
     "                                        are handed with reduce_gradient() and reduced to\n"
     "                                        their owners before every step, untimed\n"
+    "  --stage2-grads views|hand-over        stage 2 with bucket view: write the gradients\n"
+    "                                        through grad_view() where it exists (one node,\n"
+    "                                        node-shared slots; default views), or hand each\n"
+    "                                        with reduce_gradient() (a copy into the slot)\n"
     "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1;\n"
     "                            --device cuda: the CPU reference's threads, default all cores)\n"
     "  --bucket-bytes B          OptimizerConfig::bucket_bytes (default 4 MiB, the library default)\n"
@@ -84,6 +88,12 @@ const char* const usage_text =
     "reduce_gradient() first) and step(), each timed between barriers; one line with both\n"
     "times, their rooflines (best probe, and each iteration against its own probe) and the\n"
     "probes' spread\n"
+    "  --overlap off|after_backward|per_bucket   OptimizerConfig::overlap (default off); the\n"
+    "                            gradients are marked with grad_ready() in backward order\n"
+    "  --backward copy|none      copy: the timed reduce starts with a stand-in backward that\n"
+    "                            writes every gradient into grad_view in backward order (from\n"
+    "                            values made once; grad_ready after each under --overlap), so\n"
+    "                            overlap has work to run beside (default none)\n"
     "\n"
     "Checkpoint options (--mode checkpoint: the step options pick the model; -n rounds):\n"
     "  --ckpt-dir DIR            where every rank saves, shared by the ranks\n"
@@ -260,6 +270,21 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--bucket-bytes") o.bucket_bytes = std::max<int64_t>(1, parse_size(flag, value));
     else if (flag == "--pipeline-chunk-bytes") o.pipeline_chunk_bytes = parse_size(flag, value);
     else if (flag == "--node-shared") o.node_shared_params = parse_int(flag, value, 0, 1) == 1;
+    else if (flag == "--overlap") {
+      if (value == "off") o.overlap = shardopt::OverlapPolicy::off;
+      else if (value == "after_backward") o.overlap = shardopt::OverlapPolicy::after_backward;
+      else if (value == "per_bucket") o.overlap = shardopt::OverlapPolicy::per_bucket;
+      else bad_usage("--overlap expects off, after_backward or per_bucket, got '" + value + "'");
+    } else if (flag == "--backward") {
+      if (value == "copy") o.backward_copy = true;
+      else if (value == "none") o.backward_copy = false;
+      else bad_usage("--backward expects copy or none, got '" + value + "'");
+    }
+    else if (flag == "--stage2-grads") {
+      if (value == "views") o.stage2_grad_views = true;
+      else if (value == "hand-over") o.stage2_grad_views = false;
+      else bad_usage("--stage2-grads expects views or hand-over, got '" + value + "'");
+    }
     else if (flag == "--ckpt-dir") o.ckpt_dir = value;
     else if (flag == "--save-every") o.save_every = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
     else if (flag == "--stream-mb") o.stream_mb = parse_int(flag, value, 1, int64_t{1} << 20);
@@ -267,6 +292,9 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.min_bytes > o.max_bytes) {
     bad_usage(fmt::format("-b ({}) is larger than -e ({})", o.min_bytes, o.max_bytes));
+  }
+  if ((o.overlap != shardopt::OverlapPolicy::off || o.backward_copy) && o.mode != BenchMode::iteration) {
+    bad_usage("--overlap and --backward are options of --mode iteration");
   }
   if (o.stage == 2 && !o.sharded) {
     bad_usage("--stage 2 shards the gradients by the state's partition; it needs --mode sharded");
