@@ -19,10 +19,11 @@ gradients: the optimizer step is compared, not the backward pass.
 Every timed step runs between two barriers; a step's time is the slowest rank's; the median over
 --steps steps after --warmup is reported. The last line: shardopt's step over torch's.
 
-shardopt-bench prints blas_core, the kernel OpenBLAS picked for this CPU. An OpenBLAS older than
-the CPU falls back to a generic kernel (0.3.21 on an Emerald Rapids runs "Prescott", 4-5x slower
-sgemm); --openblas-coretype NAME sets OPENBLAS_CORETYPE for shardopt's ranks (e.g. SkylakeX), as
-a user of such a machine would.
+shardopt-bench prints blas_core, the kernel OpenBLAS runs, and blas_core_at_load, the one it
+picked for this CPU. An OpenBLAS older than the CPU falls back to a generic kernel (0.3.21 on an
+Emerald Rapids picks "Prescott", 4-5x slower sgemm); shardopt then switches it to the kernel the CPU
+runs (SkylakeX there) before its first product (docs/muon.md). --openblas-coretype NAME sets
+OPENBLAS_CORETYPE for shardopt's ranks, which shardopt keeps (e.g. Prescott, to measure the fallback).
 
 Needs torch >= 2.9 (torch.optim.Muon): run it with an interpreter that has one, e.g. a
 virtual environment with torch from PyPI.
@@ -47,6 +48,8 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+from torch_muon_f32 import muon_newton_schulz  # noqa: E402  (tools/: shared with gen_golden_muon.py)
 
 
 def mpi_env(coretype: str | None) -> dict:
@@ -66,30 +69,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def zeropower_f32(grad, ns_coefficients, ns_steps, eps):
-    """torch's _zeropower_via_newtonschulz with float32 where it uses bfloat16, nothing else."""
-    a, b, c = ns_coefficients
-    ortho_grad = grad.to(dtype=torch.float32, copy=True)
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
-    for _ in range(ns_steps):
-        gram_matrix = ortho_grad @ ortho_grad.T
-        gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
-        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    return ortho_grad
-
-
 def torch_rank(rank: int, world: int, port: int, cfg: dict, out_path: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(cfg["threads"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    if cfg["precision"] == "f32":
-        import torch.optim._muon as muon_module
-        muon_module._zeropower_via_newtonschulz = zeropower_f32
+    with muon_newton_schulz(cfg["precision"]):
+        time_torch_steps(rank, world, cfg, out_path)
+    dist.destroy_process_group()
+
+
+def time_torch_steps(rank: int, world: int, cfg: dict, out_path: str) -> None:
     gen = torch.Generator().manual_seed(1234)  # the same model and gradients on every rank
     w = cfg["width"]
     weights = [torch.nn.Parameter(torch.randn(w, w, generator=gen) * 0.05) for _ in range(cfg["layers"])]
@@ -118,7 +108,6 @@ def torch_rank(rank: int, world: int, port: int, cfg: dict, out_path: str) -> No
         slowest = [max(rank_seconds[i] for rank_seconds in everyone) for i in range(cfg["steps"])]
         with open(out_path, "w") as f:
             json.dump({"step_ms": statistics.median(slowest) * 1e3}, f)
-    dist.destroy_process_group()
 
 
 def run_torch(cfg: dict, timeout_s: float) -> dict:
@@ -190,7 +179,7 @@ def main() -> int:
         f = ours["fields"]
         ratio = ours["step_ms"] / theirs["step_ms"]
         print(f"# {ours['cmd']}" + (f"  (OPENBLAS_CORETYPE={args.openblas_coretype})" if args.openblas_coretype else ""))
-        print(f"precision={precision} blas_core={f['blas_core']} shardopt_step_ms={ours['step_ms']:.1f} "
+        print(f"precision={precision} blas_core={f['blas_core']} blas_core_at_load={f.get('blas_core_at_load', '?')} bf16_products={f.get('bf16_products', '?')} shardopt_step_ms={ours['step_ms']:.1f} "
               f"newton_schulz_ms={float(f['newton_schulz_ms_median']):.1f} update_ms={float(f['update_ms_median']):.1f} "
               f"sync_ms={float(f['sync_ms_median']):.1f} wrong={f['wrong']} "
               f"torch_replicated_step_ms={theirs['step_ms']:.1f} shardopt_over_torch={ratio:.3f} "

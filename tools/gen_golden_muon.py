@@ -22,9 +22,9 @@ import os
 import sys
 
 import torch
-import torch.optim._muon as muon_module
 
 from golden_json import write_json
+from torch_muon_f32 import muon_newton_schulz
 
 SHAPES = {"tall": (7, 3), "wide": (4, 9), "square": (6, 6)}
 ADJUST = [None, "original", "match_rms_adamw", "spectral_unclamped"]
@@ -35,22 +35,6 @@ HYPER = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.95, "eps": 1e-7, "ns_ste
 
 def hexes(tensor):
     return [float(v).hex() for v in tensor.detach().reshape(-1).tolist()]
-
-
-def zeropower_f32(grad, ns_coefficients, ns_steps, eps):
-    """torch's _zeropower_via_newtonschulz with float32 where it uses bfloat16, nothing else."""
-    a, b, c = ns_coefficients
-    ortho_grad = grad.to(dtype=torch.float32, copy=True)
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
-    for _ in range(ns_steps):
-        gram_matrix = ortho_grad @ ortho_grad.T
-        gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
-        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
-    if grad.size(0) > grad.size(1):
-        ortho_grad = ortho_grad.T
-    return ortho_grad
 
 
 def run_case(name, shape, nesterov, adjust, seed):
@@ -95,9 +79,9 @@ def main():
     if not hasattr(torch.optim, "Muon"):
         sys.exit(f"torch {torch.__version__} has no torch.optim.Muon (needs 2.9 or later)")
     torch.set_num_threads(1)
-    original = muon_module._zeropower_via_newtonschulz
     for precision in ("bf16", "f32"):
-        muon_module._zeropower_via_newtonschulz = original if precision == "bf16" else zeropower_f32
+        with muon_newton_schulz(precision):
+            cases_run = [run_case(*c) for c in cases()]
         data = {
             "format": "shardopt-golden-muon-v1",
             "precision": precision,
@@ -105,10 +89,9 @@ def main():
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "float_encoding": "float32 values as float.hex() strings",
             "steps": STEPS,
-            "cases": [run_case(*c) for c in cases()],
+            "cases": cases_run,
         }
         write_json(os.path.join(args.out, f"golden_muon_{precision}.json"), data)
-    muon_module._zeropower_via_newtonschulz = original
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "cpu/blas_core.hpp"
+#include "cpu/muon_cpu.hpp"
 #include "model.hpp"
 #include "support.hpp"
 
@@ -109,6 +111,10 @@ int64_t count_wrong_muon(const std::shared_ptr<Communicator>& comm, const Option
 
 int run_muon_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   const int world = comm->size();
+  // Before the first product (as the library's Newton-Schulz does): what OpenBLAS picked at load
+  // and the core the products run on.
+  const shardopt::kernels::BlasCore& blas = shardopt::kernels::ensure_blas_core();
+  say(*comm, "# OpenBLAS core: {}\n", blas.why);
   const Model model = make_model(o);
   const OptimizerConfig config = muon_config(o);
   std::vector<int> layers(static_cast<std::size_t>(o.layers));
@@ -169,13 +175,14 @@ int run_muon_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   const double busiest_gflop = ns_gflop / o.layers * ((o.layers + world - 1) / world);
   say(*comm,
       "world={} params={} {} optimizer=muon+adamw matrices={} biases={} partition={} dtype={} stage={} "
-      "muon_precision={} blas_threads={} blas_core={} iters={} warmup={} ns_gflop_per_step={:.1f} "
+      "muon_precision={} blas_threads={} blas_core={} blas_core_at_load={} bf16_products={} iters={} warmup={} ns_gflop_per_step={:.1f} "
       "step_ms_median={:.3f} agree_ms_median={:.3f} update_ms_median={:.3f} newton_schulz_ms_median={:.3f} "
       "newton_schulz_longest_rank_ms={:.3f} newton_schulz_shortest_rank_ms={:.3f} sync_ms_median={:.3f} "
       "ns_gflops_busiest_rank={:.1f} wrong={}\n",
       world, model.numel, model.description, o.layers, o.layers, shardopt::partition_name(o.partition),
       shardopt::dtype_name(o.dtype), config.stage, o.muon_precision == shardopt::MatrixPrecision::f32 ? "f32" : "bf16",
-      o.blas_threads, openblas_get_corename(), o.iters, o.warmup, ns_gflop, step_s * 1e3, median(slowest[1]) * 1e3,
+      o.blas_threads, openblas_get_corename(), blas.picked_at_load,
+      shardopt::kernels::bf16_products_on_amx() ? "amx" : "openblas_sgemm", o.iters, o.warmup, ns_gflop, step_s * 1e3, median(slowest[1]) * 1e3,
       median(slowest[2]) * 1e3, median(slowest[3]) * 1e3, median(ns_longest) * 1e3, median(ns_shortest) * 1e3,
       median(slowest[4]) * 1e3, median(ns_longest) > 0 ? busiest_gflop / median(ns_longest) : 0.0, wrong);
   return wrong_total != 0 ? 1 : 0;

@@ -332,6 +332,11 @@ typedef struct shardopt_step_report {
   double agree_seconds;
   double update_seconds;
   double sync_seconds;
+  /* ---- appended later: the size of the earlier struct (through sync_seconds) is still
+   * accepted, and then this is not written ---- */
+  /* Of update_seconds, the part spent in Muon's Newton-Schulz orthogonalisations on this rank
+   * (0 without Muon groups, on a rank that owns no Muon matrix, or on a CUDA device). */
+  double newton_schulz_seconds;
 } shardopt_step_report;
 
 static inline void shardopt_step_report_init(shardopt_step_report* report) {
@@ -344,6 +349,7 @@ static inline void shardopt_step_report_init(shardopt_step_report* report) {
   report->agree_seconds = 0.0;
   report->update_seconds = 0.0;
   report->sync_seconds = 0.0;
+  report->newton_schulz_seconds = 0.0;
 }
 
 #ifdef __cplusplus

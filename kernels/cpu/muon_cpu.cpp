@@ -1,9 +1,15 @@
-// kernels/cpu/muon_cpu.cpp — Muon on the CPU: momentum by lerp, Newton-Schulz over cblas_sgemm (bf16 emulated as torch runs it, or fp32), and the decoupled update.
+// kernels/cpu/muon_cpu.cpp — Muon on the CPU: momentum by lerp, Newton-Schulz over OpenBLAS (fp32, or bf16 emulated as torch runs it; bf16 products on AMX tiles where the CPU has them), and the decoupled update.
 #include "cpu/muon_cpu.hpp"
+
+#include "cpu/blas_core.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <mutex>
+
+#include <strings.h>
 
 #include <cblas.h>
 
@@ -30,6 +36,14 @@ class BlasThreads {
   int before_;
 };
 
+// bf16 products on AMX tiles where this process has them, unless SHARDOPT_CPU_ISA forces a
+// variant: then they stay OpenBLAS's sgemm of bf16 values, as on CPUs without AMX.
+bool compute_bf16_products_on_amx() {
+  const char* forced = std::getenv("SHARDOPT_CPU_ISA");
+  const bool automatic = forced == nullptr || *forced == '\0' || strcasecmp(forced, "auto") == 0;
+  return automatic && amx_bf16_usable();
+}
+
 void keep_bf16(float* x, int64_t n, MuonPrecision precision) {
   if (precision != MuonPrecision::bf16) return;
   for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
@@ -39,12 +53,17 @@ void keep_bf16(float* x, int64_t n, MuonPrecision precision) {
 // rounded to bf16 where emulated; without `c`, out = product. `c` may alias `out`.
 void epilogue(const float* c, float beta, const float* product, float alpha, int64_t count, float* out,
               MuonPrecision precision) {
-  if (c == nullptr) {
+  // One pass each: the bf16 rounding in the same loop as the arithmetic.
+  const bool bf16 = precision == MuonPrecision::bf16;
+  if (c == nullptr && bf16) {
+    for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(product[i]);
+  } else if (c == nullptr) {
     for (int64_t i = 0; i < count; ++i) out[i] = product[i];
+  } else if (bf16) {
+    for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(beta * c[i] + alpha * product[i]);
   } else {
     for (int64_t i = 0; i < count; ++i) out[i] = beta * c[i] + alpha * product[i];
   }
-  keep_bf16(out, count, precision);
 }
 
 // product = a @ b (m x k times k x n, row-major) in one sgemm (fp32 accumulation).
@@ -66,6 +85,13 @@ void gram_matrix(const float* a, int64_t m, int64_t k, float* product) {
 }
 
 }  // namespace
+
+bool bf16_products_on_amx() {
+  static std::once_flag once;
+  static bool on = false;
+  std::call_once(once, [] { on = compute_bf16_products_on_amx(); });
+  return on;
+}
 
 double muon_adjusted_lr(double lr, int adjust, int64_t rows, int64_t cols) {
   const double a = static_cast<double>(rows);
@@ -100,6 +126,7 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
                        MuonPrecision precision, int blas_threads, MuonWorkspace& ws) {
   SHARDOPT_KERNEL_CHECK(rows > 0 && cols > 0 && rows <= INT32_MAX && cols <= INT32_MAX, invalid_argument,
                  "newton_schulz_cpu: a {} x {} matrix (each side must be in [1, 2^31))", rows, cols);
+  ensure_blas_core();  // once per process: out of an OpenBLAS fallback core before the first product
   const auto started = std::chrono::steady_clock::now();
   const BlasThreads scope(blas_threads);
   // Work on the wide orientation (m <= n), as torch transposes a tall matrix.
@@ -134,12 +161,28 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
   float* gram = ws.gram.data();
   float* poly = ws.poly.data();
   float* next = ws.next.data();
+  const bool amx = precision == MuonPrecision::bf16 && bf16_products_on_amx();
   for (int step = 0; step < s.ns_steps; ++step) {
-    gram_matrix(x, m, n, poly);  // A = X X^T
+    // A = X X^T
+    if (amx) {
+      amx_bf16_gemm(x, x, true, m, m, n, true, poly, ws.amx);
+    } else {
+      gram_matrix(x, m, n, poly);
+    }
     epilogue(nullptr, 0.f, poly, 1.f, m * m, gram, precision);
-    gram_matrix(gram, m, m, next);  // B = b A + c A A
+    // B = b A + c A A
+    if (amx) {
+      amx_bf16_gemm(gram, gram, true, m, m, m, true, next, ws.amx);
+    } else {
+      gram_matrix(gram, m, m, next);
+    }
     epilogue(gram, s.ns[1], next, s.ns[2], m * m, poly, precision);
-    matmul(poly, x, m, n, m, next);  // X = a X + B X
+    // X = a X + B X
+    if (amx) {
+      amx_bf16_gemm(poly, x, false, m, n, m, false, next, ws.amx);
+    } else {
+      matmul(poly, x, m, n, m, next);
+    }
     epilogue(x, s.ns[0], next, 1.f, m * n, x, precision);
   }
   if (tall) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/amx_bf16_gemm.hpp"
 #include "mixed_update.hpp"
 
 namespace shardopt {
@@ -34,12 +35,18 @@ MuonScalars make_muon_scalars(double lr, double weight_decay, double momentum, b
 // Scratch for one matrix's orthogonalisation; grows to the largest matrix and is kept.
 struct MuonWorkspace {
   std::vector<float> x, next, gram, poly;
+  AmxScratch amx;  // packed bf16 operands where the bf16 products run on AMX tiles
   // Wall time spent in newton_schulz_cpu since the owner last read and cleared it.
   double newton_schulz_seconds = 0.0;
 };
 
 // Emulated precision of the products (see MatrixPrecision in shardopt/optimizer.hpp).
 enum class MuonPrecision : int32_t { bf16 = 0, f32 = 1 };
+
+// Whether bf16 Newton-Schulz products run on AMX tiles (amx_bf16_gemm) in this process: where
+// the CPU and OS have them and SHARDOPT_CPU_ISA is unset or "auto"; else OpenBLAS's sgemm of the
+// bf16 values. Both accumulate exact bf16 products in fp32; the bits differ in summation order.
+bool bf16_products_on_amx();
 
 // Orthogonalises the rows x cols row-major matrix `g` into `out` (both f32; they may alias):
 // torch.optim.Muon's _zeropower_via_newtonschulz. Every sgemm runs on `blas_threads` OpenBLAS

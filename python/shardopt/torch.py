@@ -190,6 +190,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer, Joinable):
         """shardopt's MemoryReport of this rank (state, master and buffer bytes)."""
         return self._zero.memory_report()
 
+    def last_step(self):
+        """shardopt's StepReport of the last step on this rank (phase times, Muon's Newton-Schulz time)."""
+        return self._zero.last_step()
+
     def _apply_compact(self, config):
         precision, master = self._compact
         if precision is not None:

@@ -254,6 +254,18 @@ NB_MODULE(_shardopt, m) {
       .def_ro("node_shared_param_bytes", &shardopt::MemoryReport::node_shared_param_bytes)
       .def_ro("node_ranks", &shardopt::MemoryReport::node_ranks);
 
+  nb::class_<shardopt::StepReport>(m, "StepReport", "What the last step() did on this rank; times in seconds.")
+      .def_ro("skipped", &shardopt::StepReport::skipped)
+      .def_ro("loss_scale", &shardopt::StepReport::loss_scale)
+      .def_ro("grad_norm", &shardopt::StepReport::grad_norm)
+      .def_ro("clip_coef", &shardopt::StepReport::clip_coef)
+      .def_ro("skipped_steps", &shardopt::StepReport::skipped_steps)
+      .def_ro("agree_seconds", &shardopt::StepReport::agree_seconds)
+      .def_ro("update_seconds", &shardopt::StepReport::update_seconds)
+      .def_ro("sync_seconds", &shardopt::StepReport::sync_seconds)
+      .def_ro("newton_schulz_seconds", &shardopt::StepReport::newton_schulz_seconds,
+              "Of update_seconds, Muon's Newton-Schulz on this rank (0 where it owns no Muon matrix).");
+
   using Opt = PyZeroOptimizer;
   nb::class_<Opt>(m, "ZeroOptimizer")
       .def("__init__", &init_optimizer, "comm"_a, "param_groups"_a, "config"_a = shardopt::OptimizerConfig(),
@@ -377,6 +389,8 @@ NB_MODULE(_shardopt, m) {
           "without_grad (ids; the same on every rank) are left as they are: no update, no state or step\n"
           "change, as torch's optimizers skip a param whose .grad is None.")
       .def("memory_report", [](const Opt& s) { return s.opt->memory_report(); })
+      .def("last_step", [](const Opt& s) { return s.opt->last_step(); },
+           "The last step()'s StepReport on this rank (its phase times, Muon's Newton-Schulz among them).")
       .def("save", [](Opt& s, const std::string& dir) { s.opt->save(dir); }, "dir"_a,
            nb::call_guard<nb::gil_scoped_release>(), "Collective: a sharded checkpoint in dir.")
       .def("save_async", [](Opt& s, const std::string& dir) { s.opt->save_async(dir); }, "dir"_a,

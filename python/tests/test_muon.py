@@ -52,6 +52,22 @@ def test_muon_refuses_a_vector_by_name():
     assert "'v'" in message and "2-D parameters only" in message
 
 
+def test_last_step_reports_newton_schulz_time():
+    # Three 24 x 16 matrices beside a vector: each orthogonalised once, by its owner.
+    groups = [{"params": [(f"w{i}", values(7 + i, (24, 16))) for i in range(3)], "algorithm": "muon"},
+              {"params": [("b", values(11, 5))], "algorithm": "adamw"}]
+    opt = shardopt.ZeroOptimizer(COMM, groups)
+    assert opt.last_step().newton_schulz_seconds == 0.0  # before any step
+    opt = train(groups, steps=1)
+    report = opt.last_step()
+    assert 0.0 <= report.newton_schulz_seconds <= report.update_seconds
+    total = np.array([report.newton_schulz_seconds], dtype=np.float32)  # the collectives take 16/32-bit floats
+    COMM.all_reduce(total, "sum")
+    assert 0.0 < total[0] < 60.0
+    adamw_only = train([{"params": [("b", values(11, 5))], "algorithm": "adamw"}], steps=1)
+    assert adamw_only.last_step().newton_schulz_seconds == 0.0 and adamw_only.last_step().update_seconds >= 0.0
+
+
 def test_torch_muon_dropin():
     try:
         import torch

@@ -313,6 +313,19 @@ struct step_report {  // through skipped_steps
   int64_t skipped_steps;
 };
 }  // namespace v1
+namespace v2 {
+struct step_report {  // through sync_seconds
+  size_t struct_size;
+  int32_t skipped;
+  double loss_scale;
+  double grad_norm;
+  double clip_coef;
+  int64_t skipped_steps;
+  double agree_seconds;
+  double update_seconds;
+  double sync_seconds;
+};
+}  // namespace v2
 
 // Each earlier version is a prefix of today's struct: same fields at the same offsets.
 #define SHARDOPT_CAPI_SAME_FIELD(v1_type, type, field) \
@@ -348,6 +361,7 @@ SHARDOPT_CAPI_SAME_FIELD(v1::param_desc, shardopt_param_desc, grad_dlpack);
 SHARDOPT_CAPI_SAME_FIELD(v1::param_group_desc, shardopt_param_group_desc, hyperparams);
 SHARDOPT_CAPI_SAME_FIELD(v1::comm_options, shardopt_comm_options, timeout_seconds);
 SHARDOPT_CAPI_SAME_FIELD(v1::step_report, shardopt_step_report, skipped_steps);
+SHARDOPT_CAPI_SAME_FIELD(v2::step_report, shardopt_step_report, sync_seconds);
 #undef SHARDOPT_CAPI_SAME_FIELD
 
 static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
@@ -392,7 +406,8 @@ struct KnownSizes<shardopt_comm_options> {
 };
 template <>
 struct KnownSizes<shardopt_step_report> {
-  static constexpr std::array<std::size_t, 2> values = {sizeof(v1::step_report), sizeof(shardopt_step_report)};
+  static constexpr std::array<std::size_t, 3> values = {sizeof(v1::step_report), sizeof(v2::step_report),
+                                                        sizeof(shardopt_step_report)};
 };
 template <>
 struct KnownSizes<shardopt_memory_report> {

@@ -167,6 +167,8 @@ shardopt_status shardopt_optimizer_last_step(shardopt_optimizer_t opt, shardopt_
     out->agree_seconds = report.agree_seconds;
     out->update_seconds = report.update_seconds;
     out->sync_seconds = report.sync_seconds;
+    if (!newer_than<v2::step_report>(out)) return;
+    out->newton_schulz_seconds = report.newton_schulz_seconds;
   });
 }
 

@@ -6,6 +6,7 @@
 #include "comm/agreement.hpp"
 #include "comm/raw_collectives.hpp"
 #include "core/check.hpp"
+#include "cpu/blas_core.hpp"
 #include "cpu/cpu_isa.hpp"
 #include "optim/agreement_fields.hpp"
 #include "optim/hyperparams.hpp"
@@ -47,6 +48,9 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
   optim::agree(im, record);
   std::vector<const void*> initial = added.initial_values;
   im.table.append(std::move(added));
+  // Out of an OpenBLAS fallback core at registration, not at the first step: the trainer's own
+  // BLAS calls then run on one core from here on, not on one before the first step and another after.
+  if (im.table.any_group_runs(Algorithm::muon)) kernels::ensure_blas_core();
   im.shard.rebuild(initial, first_id);
   optim::forget_round(im);
 }

@@ -1,8 +1,12 @@
 // tests/capi/test_capi_muon.cpp — the C ABI passes a group's algorithm, Muon's hyperparameters and parameter shapes through: bitwise the C++ API's optimizer.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <vector>
+
+#include <mpi.h>
 
 #include "capi_test_support.hpp"
 #include "mpi_test_support.hpp"
@@ -109,4 +113,60 @@ TEST_CASE("C ABI: a Muon group beside an AdamW group steps bitwise as the C++ AP
     initial.insert(initial.end(), w.begin(), w.end());
     return initial;
   }()));
+}
+
+TEST_CASE("C ABI: the step report carries the Newton-Schulz time; the struct through sync_seconds is filled without it",
+          "[capi][muon][versions]") {
+  CommHandle comm(20);
+  // Two 48 x 32 matrices: at np 2 and 3 some rank owns none and orthogonalises nothing.
+  std::vector<float> w0 = values(5, 48 * 32), w1 = values(6, 48 * 32);
+  const int64_t shape[2] = {48, 32};
+  shardopt_param_desc params[2];
+  float* data[2] = {w0.data(), w1.data()};
+  for (int i = 0; i < 2; ++i) {
+    shardopt_param_desc_init(&params[i]);
+    params[i].name = i == 0 ? "w0" : "w1";
+    params[i].param = shardopt_tensor{data[i], 48 * 32, SHARDOPT_DTYPE_F32, SHARDOPT_DEVICE_CPU, 0};
+    params[i].shape = shape;
+    params[i].ndim = 2;
+  }
+  shardopt_param_group_desc group;
+  shardopt_param_group_desc_init(&group);
+  group.params = params;
+  group.num_params = 2;
+  group.algorithm = SHARDOPT_ALGORITHM_MUON;
+  shardopt_optimizer_t opt = nullptr;
+  REQUIRE(shardopt_optimizer_create(comm.get(), nullptr, &group, 1, &opt) == SHARDOPT_OK);
+  shardopt_step_report report;
+  shardopt_step_report_init(&report);
+  REQUIRE(shardopt_optimizer_last_step(opt, &report) == SHARDOPT_OK);
+  CHECK(report.newton_schulz_seconds == 0.0);  // before any step
+  for (int32_t id = 0; id < 2; ++id) {
+    shardopt_tensor g;
+    REQUIRE(shardopt_optimizer_grad_view(opt, id, &g) == SHARDOPT_OK);
+    const std::vector<float> v = values(200u + static_cast<uint32_t>(id), g.numel);
+    std::memcpy(g.data, v.data(), v.size() * sizeof(float));
+  }
+  REQUIRE(shardopt_optimizer_step(opt) == SHARDOPT_OK);
+  std::memset(&report, 0xff, sizeof report);  // NaNs: whatever is not written shows
+  report.struct_size = sizeof report;
+  REQUIRE(shardopt_optimizer_last_step(opt, &report) == SHARDOPT_OK);
+  CHECK(report.newton_schulz_seconds >= 0.0);
+  CHECK(report.newton_schulz_seconds <= report.update_seconds);
+  // Every matrix is orthogonalised once, by its owner: the ranks' times sum to more than 0.
+  double total = 0.0;
+  MPI_Allreduce(&report.newton_schulz_seconds, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(total > 0.0);
+  CHECK(total < 60.0);
+
+  // The struct of the previous version (through sync_seconds): the phases written, not the new field.
+  shardopt_step_report earlier;
+  std::memset(&earlier, 0xff, sizeof earlier);
+  earlier.struct_size = offsetof(shardopt_step_report, newton_schulz_seconds);
+  REQUIRE(shardopt_optimizer_last_step(opt, &earlier) == SHARDOPT_OK);
+  CHECK(earlier.update_seconds == report.update_seconds);
+  CHECK(std::isnan(earlier.newton_schulz_seconds));
+  earlier.struct_size = offsetof(shardopt_step_report, newton_schulz_seconds) + 4;
+  CHECK(shardopt_optimizer_last_step(opt, &earlier) == SHARDOPT_ERR_STRUCT_SIZE);
+  REQUIRE(shardopt_optimizer_destroy(opt) == SHARDOPT_OK);
 }

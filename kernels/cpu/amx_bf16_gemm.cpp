@@ -1,0 +1,229 @@
+// kernels/cpu/amx_bf16_gemm.cpp — a bf16 GEMM on AMX tiles for Muon's bf16 Newton-Schulz: operands packed into 16 x 32 bf16 tiles (B in AMX's pair layout), 2 x 2 blocks of 16 x 16 fp32 accumulators.
+#include "cpu/amx_bf16_gemm.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "kernel_check.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SHARDOPT_AMX_COMPILED 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define SHARDOPT_AMX_COMPILED 0
+#endif
+
+namespace shardopt {
+namespace kernels {
+namespace {
+
+constexpr int64_t kTileRows = 16;  // rows of every tile
+constexpr int64_t kTileK = 32;     // bf16 values along k in one A tile row (64 bytes)
+constexpr int64_t kBlock = 32;     // the 2 x 2 tiles of one output block
+
+int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// The upper 16 bits of a float that holds a bf16 value: exact.
+uint16_t bf16_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+#if SHARDOPT_AMX_COMPILED
+bool detect_amx_bf16() {
+  unsigned eax, ebx, ecx, edx;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool amx_bf16 = (edx & (1u << 22)) != 0;
+  const bool amx_tile = (edx & (1u << 24)) != 0;
+  const bool osxsave = [] {
+    unsigned a, b, c, d;
+    __cpuid(1, a, b, c, d);
+    return (c & (1u << 27)) != 0;
+  }();
+  if (!amx_bf16 || !amx_tile || !osxsave) return false;
+  unsigned xcr0_low, xcr0_high;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  if ((xcr0_low & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
+  // Linux hands out the tile data state on request only (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// The tile configuration (palette 1): eight 16-row tiles of 64 bytes per row.
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// C (mp x np, ldc np) = packed A times packed B; tiles 0-3 accumulate, 4-5 hold A, 6-7 hold B.
+// A: [mp/16][kp/32] tiles of 16 rows x 32 bf16; B: [np/16][kp/32] tiles of 16 k pairs x 16
+// columns x 2 (AMX's pair layout). Blocks below the diagonal are skipped when `upper_only`.
+__attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* a, const uint32_t* b, float* c,
+                                                                 int64_t mp, int64_t np, int64_t kp,
+                                                                 bool upper_only) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = kTileRows;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+  const int64_t k_tiles = kp / kTileK;
+  const int64_t tile_elements = kTileRows * kTileK;  // 512 bf16 per A tile
+  const int64_t tile_words = kTileRows * kTileRows;  // 256 pairs per B tile
+  const int64_t ldc_bytes = np * static_cast<int64_t>(sizeof(float));
+  for (int64_t i = 0; i < mp; i += kBlock) {
+    const uint16_t* a0 = a + (i / kTileRows) * k_tiles * tile_elements;
+    const uint16_t* a1 = a0 + k_tiles * tile_elements;
+    for (int64_t j = upper_only ? i : 0; j < np; j += kBlock) {
+      const uint32_t* b0 = b + (j / kTileRows) * k_tiles * tile_words;
+      const uint32_t* b1 = b0 + k_tiles * tile_words;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t t = 0; t < k_tiles; ++t) {
+        _tile_loadd(4, a0 + t * tile_elements, 64);
+        _tile_loadd(5, a1 + t * tile_elements, 64);
+        _tile_loadd(6, b0 + t * tile_words, 64);
+        _tile_loadd(7, b1 + t * tile_words, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      float* block = c + i * np + j;
+      _tile_stored(0, block, ldc_bytes);
+      _tile_stored(1, block + kTileRows, ldc_bytes);
+      _tile_stored(2, block + kTileRows * np, ldc_bytes);
+      _tile_stored(3, block + kTileRows * np + kTileRows, ldc_bytes);
+    }
+  }
+  _tile_release();
+}
+#endif
+
+// Two bf16 values as one 32-bit word of AMX's pair layout: `low` at the lower address.
+uint32_t bf16_pair(float low, float high) {
+  return static_cast<uint32_t>(bf16_bits(low)) | (static_cast<uint32_t>(bf16_bits(high)) << 16);
+}
+
+// A (m x k row-major) into [mp/16][kp/32] tiles of 16 rows x 32 values, zero-padded.
+void pack_a(const float* a, int64_t m, int64_t k, int64_t mp, int64_t kp, uint16_t* out) {
+  const int64_t k_tiles = kp / kTileK;
+  if (m != mp || k != kp) std::fill(out, out + mp * kp, uint16_t{0});
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = a + r * k;
+    for (int64_t t = 0; t < k_tiles; ++t) {
+      uint16_t* dst = out + ((r / kTileRows) * k_tiles + t) * kTileRows * kTileK + (r % kTileRows) * kTileK;
+      const int64_t count = std::min(kTileK, k - t * kTileK);
+      for (int64_t c = 0; c < count; ++c) dst[c] = bf16_bits(row[t * kTileK + c]);
+    }
+  }
+}
+
+// B (k x n) into [np/16][kp/32] tiles of 16 rows x 16 words: word (p, c) of a tile holds the pair
+// B[2p][c], B[2p+1][c] of the tile's k range and columns. `b_transposed`: b is B^T, n x k.
+void pack_b(const float* b, bool b_transposed, int64_t n, int64_t k, int64_t np, int64_t kp, uint32_t* words) {
+  const int64_t k_tiles = kp / kTileK;
+  const int64_t tile_words = kTileRows * kTileRows;  // 16 x 16 pairs
+  if (n != np || k != kp) std::fill(words, words + np * kp / 2, uint32_t{0});
+  const auto read = [&](int64_t kk, int64_t col) {
+    if (kk >= k) return 0.f;
+    return b_transposed ? b[col * k + kk] : b[kk * n + col];
+  };
+  if (b_transposed) {  // b is n x k: a column of B is a row of b, read along it
+    for (int64_t col = 0; col < n; ++col) {
+      uint32_t* column = words + (col / kTileRows) * k_tiles * tile_words + col % kTileRows;
+      for (int64_t kk = 0; kk < k; kk += 2) {
+        const float high = kk + 1 < k ? b[col * k + kk + 1] : 0.f;
+        column[(kk / kTileK) * tile_words + ((kk % kTileK) / 2) * kTileRows] = bf16_pair(b[col * k + kk], high);
+      }
+    }
+  } else {  // b is k x n: two rows of B make one row of pairs
+    for (int64_t kk = 0; kk < k; kk += 2) {
+      uint32_t* pairs = words + (kk / kTileK) * tile_words + ((kk % kTileK) / 2) * kTileRows;
+      for (int64_t col = 0; col < n; ++col) {
+        pairs[(col / kTileRows) * k_tiles * tile_words + col % kTileRows] = bf16_pair(read(kk, col), read(kk + 1, col));
+      }
+    }
+  }
+}
+
+// For a times a^T, B's tiles are A's transposed as 16 x 16 words (a pair of A's row c at pair
+// column p is B's word (p, c)): from the packed A, in cache, instead of from the matrix again.
+void pack_b_from_a(const uint16_t* packed_a, int64_t tiles, uint32_t* words) {
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint16_t* a = packed_a + t * kTileRows * kTileK;
+    uint32_t* b = words + t * kTileRows * kTileRows;
+    for (int64_t c = 0; c < kTileRows; ++c) {
+      for (int64_t p = 0; p < kTileRows; ++p) std::memcpy(&b[p * kTileRows + c], a + (c * kTileRows + p) * 2, 4);
+    }
+  }
+}
+
+}  // namespace
+
+bool amx_bf16_usable() {
+#if SHARDOPT_AMX_COMPILED
+  static std::once_flag once;
+  static bool usable = false;
+  std::call_once(once, [] { usable = detect_amx_bf16(); });
+  return usable;
+#else
+  return false;
+#endif
+}
+
+void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m, int64_t n, int64_t k,
+                   bool symmetric, float* product, AmxScratch& scratch) {
+  SHARDOPT_KERNEL_CHECK(amx_bf16_usable(), unsupported, "amx_bf16_gemm: this CPU or process has no AMX bf16 tiles");
+  SHARDOPT_KERNEL_CHECK(!symmetric || (m == n && b == a && b_transposed), invalid_argument,
+                        "amx_bf16_gemm: a symmetric product is a times a^T");
+  const int64_t mp = round_up(m, kBlock), np = round_up(n, kBlock), kp = round_up(k, kTileK);
+  scratch.a.resize(static_cast<std::size_t>(mp * kp));
+  const bool unpadded = m == mp && n == np;  // then the tiles store straight into `product`
+  if (!unpadded) scratch.c.resize(static_cast<std::size_t>(mp * np));
+  pack_a(a, m, k, mp, kp, scratch.a.data());
+  scratch.b.resize(static_cast<std::size_t>(np * kp / 2));
+  if (symmetric) {
+    pack_b_from_a(scratch.a.data(), (mp / kTileRows) * (kp / kTileK), scratch.b.data());
+  } else {
+    pack_b(b, b_transposed, n, k, np, kp, scratch.b.data());
+  }
+  float* c = unpadded ? product : scratch.c.data();
+#if SHARDOPT_AMX_COMPILED
+  tile_products(scratch.a.data(), scratch.b.data(), c, mp, np, kp, symmetric);
+#endif
+  if (!unpadded) {
+    for (int64_t r = 0; r < m; ++r) std::copy(c + r * np, c + r * np + n, product + r * n);
+  }
+  if (!symmetric) return;
+  // Below the diagonal blocks were not computed: mirror the upper ones, 32 x 32 at a time,
+  // through a local copy (reading a column of the product directly would hit one cache set
+  // per element where a row is a multiple of 4 KiB).
+  float upper[kBlock][kBlock];
+  for (int64_t bi = 0; bi < m; bi += kBlock) {
+    const int64_t rows = std::min(kBlock, m - bi);
+    for (int64_t bj = 0; bj <= bi; bj += kBlock) {
+      const int64_t cols = std::min(kBlock, m - bj);
+      for (int64_t u = 0; u < cols; ++u) std::copy(c + (bj + u) * np + bi, c + (bj + u) * np + bi + rows, upper[u]);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t end = std::min(cols, bi + r - bj);  // columns left of the diagonal
+        for (int64_t u = 0; u < end; ++u) product[(bi + r) * n + bj + u] = upper[u][r];
+      }
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace shardopt
