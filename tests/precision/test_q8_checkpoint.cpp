@@ -1,0 +1,253 @@
+// tests/precision/test_q8_checkpoint.cpp — 8-bit moments in sharded checkpoints: saved at N ranks, loaded at every world size up to N, continuing bitwise as a run that never saved; precision mismatches and damaged q8 files refused by name on every rank.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "mpi/mpi_test_support.hpp"
+#include "precision.hpp"
+#include "shardopt/shardopt.hpp"
+
+namespace {
+
+using namespace shardopt;
+using shardopt_test::error_of;
+using shardopt_test::world;
+
+// 8-bit params (a partial last block, exactly 4096, several blocks) beside params under
+// min_8bit_size, which keep fp32 moments in the same group.
+const std::vector<int64_t> kSizes = {5000, 300, 4096, 8200, 17, 4500, 6000};
+
+struct Setup {
+  DType dtype = DType::f32;
+  MasterStorage master = MasterStorage::fp32;
+  int stage = 1;
+  bool shard_state = true;
+  StatePrecision group0 = StatePrecision::q8;
+  StatePrecision group1 = StatePrecision::q8;
+};
+
+std::vector<uint16_t> narrow_all(const std::vector<float>& v, DType dtype) {
+  std::vector<uint16_t> out;
+  for (float x : v) out.push_back(dtype == DType::bf16 ? kernels::float_to_bf16(x) : kernels::float_to_f16(x));
+  return out;
+}
+
+std::vector<char> as_bytes(const std::vector<float>& v, DType dtype) {
+  std::vector<char> bytes(v.size() * dtype_size(dtype));
+  if (dtype == DType::f32) std::memcpy(bytes.data(), v.data(), bytes.size());
+  else std::memcpy(bytes.data(), narrow_all(v, dtype).data(), bytes.size());
+  return bytes;
+}
+
+std::unique_ptr<ZeroOptimizer> make(std::shared_ptr<Communicator> comm, const Setup& s) {
+  OptimizerConfig config;
+  config.algorithm = Algorithm::adamw;
+  config.partition = PartitionStrategy::sorted_greedy;
+  config.stage = s.stage;
+  config.shard_state = s.shard_state;
+  config.master = s.master;
+  config.bucket_bytes = 4096;
+  std::vector<ParamGroupSpec> groups(2);
+  std::vector<std::vector<char>> init;
+  for (std::size_t i = 0; i < kSizes.size(); ++i) {
+    init.push_back(as_bytes(shardopt_test::seeded_values(static_cast<uint32_t>(70 + i), kSizes[i]), s.dtype));
+    groups[i % 2].params.push_back(
+        ParamSpec{"q" + std::to_string(i), TensorRef{init.back().data(), kSizes[i], s.dtype, Device::cpu()}, TensorRef{}});
+  }
+  groups[0].hyper.lr = 1e-2;
+  groups[0].hyper.weight_decay = 0.01;
+  groups[0].settings.state_precision = s.group0;
+  groups[1].hyper.lr = 3e-3;
+  groups[1].hyper.beta2 = 0.99;
+  groups[1].settings.state_precision = s.group1;
+  return std::make_unique<ZeroOptimizer>(std::move(comm), config, groups);
+}
+
+// Gradients on a power-of-two grid (sums and averages over up to 4 ranks exact), the same on
+// every rank, so every world size averages them to themselves.
+void feed(ZeroOptimizer& opt, int step, const Setup& s) {
+  opt.zero_grad();
+  for (std::size_t j = kSizes.size(); j-- > 0;) {
+    const ParamId id = opt.find_param("q" + std::to_string(j));
+    std::vector<float> g = shardopt_test::seeded_values(static_cast<uint32_t>(700 * step + j), kSizes[j]);
+    const float scale = std::ldexp(1.f, -static_cast<int>(j % 4) * 3);
+    for (float& v : g) v = static_cast<float>(static_cast<int>(v * 16.f)) / 128.f * scale;
+    const std::vector<char> bytes = as_bytes(g, s.dtype);
+    if (s.stage == 2) {
+      opt.reduce_gradient(id, TensorRef{const_cast<char*>(bytes.data()), kSizes[j], s.dtype, Device::cpu()});
+    } else {
+      std::memcpy(opt.grad_view(id).data, bytes.data(), bytes.size());
+    }
+  }
+  opt.reduce_gradients();
+  opt.step();
+}
+
+std::vector<std::vector<char>> params_of(const ZeroOptimizer& opt) {
+  std::vector<std::vector<char>> out;
+  for (ParamId id = 0; id < opt.num_params(); ++id) {
+    const TensorRef v = opt.param_view(id);
+    const char* c = static_cast<const char*>(v.data);
+    out.emplace_back(c, c + v.numel * static_cast<int64_t>(dtype_size(v.dtype)));
+  }
+  return out;
+}
+
+std::string scratch(const std::string& name) {
+  const std::string dir = std::string(SHARDOPT_TEST_SCRATCH) + "/q8ckpt_np" + std::to_string(world()->size()) + "/" + name;
+  if (world()->rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  world()->barrier();
+  return dir;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The path of shard file `index` of the checkpoint in `dir`.
+std::string shard_file(const std::string& dir, int index) {
+  const std::string tag = fmt::format("-{:05d}-of-", index);
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("shard-", 0) == 0 && name.find(tag) != std::string::npos) return entry.path().string();
+  }
+  FAIL("no shard file " << index << " in " << dir);
+  return "";
+}
+
+constexpr int kSavedAt = 3;
+constexpr int kSteps = 6;
+
+}  // namespace
+
+TEST_CASE("q8 checkpoints: saved at N ranks, loaded at every world size, continue bitwise as a run that never saved",
+          "[q8][checkpoint]") {
+  struct Variant {
+    DType dtype;
+    MasterStorage master;
+    int stage;
+    bool shard_state;
+    StatePrecision group1;
+  };
+  for (const Variant& v : {Variant{DType::f32, MasterStorage::fp32, 1, true, StatePrecision::q8},
+                           Variant{DType::bf16, MasterStorage::remainder16, 2, true, StatePrecision::fp32},
+                           Variant{DType::bf16, MasterStorage::fp32, 1, true, StatePrecision::q8},
+                           Variant{DType::f32, MasterStorage::fp32, 1, false, StatePrecision::fp32}}) {
+    CAPTURE(dtype_name(v.dtype), master_storage_name(v.master), v.stage, v.shard_state);
+    Setup s;
+    s.dtype = v.dtype;
+    s.master = v.master;
+    s.stage = v.stage;
+    s.shard_state = v.shard_state;
+    s.group1 = v.group1;
+    const std::string dir =
+        scratch(fmt::format("{}_{}_{}_{}", dtype_name(v.dtype), master_storage_name(v.master), v.stage, v.shard_state));
+    auto reference = make(world(), s);
+    for (int step = 0; step < kSteps; ++step) feed(*reference, step, s);
+    auto saved = make(world(), s);
+    for (int step = 0; step < kSavedAt; ++step) feed(*saved, step, s);
+    saved->save(dir);
+    // The manifest names the 8-bit params (those of q8 groups at or above 4096 elements).
+    const std::string manifest = read_text(dir + "/manifest.json");
+    CHECK(manifest.find("\"state_precision\"") != std::string::npos);
+    // Every world size from 1 to N at once: the ranks below k load at world k, the others at
+    // world N - k (each split group loads the same files).
+    for (int k = 1; k <= world()->size(); ++k) {
+      const bool low = world()->rank() < k;
+      auto sub = world()->split(low ? 0 : 1, world()->rank());
+      CAPTURE(k, sub->size());
+      auto resumed = make(sub, s);
+      resumed->load(dir);
+      REQUIRE(resumed->param_step(resumed->find_param("q3")) == kSavedAt);
+      for (int step = kSavedAt; step < kSteps; ++step) feed(*resumed, step, s);
+      REQUIRE(params_of(*resumed) == params_of(*reference));
+    }
+    // The saving optimizer itself goes on as if it had not saved.
+    for (int step = kSavedAt; step < kSteps; ++step) feed(*saved, step, s);
+    REQUIRE(params_of(*saved) == params_of(*reference));
+    // And the continuation differs from a run that restarted its 8-bit moments from zero.
+    auto restarted = make(world(), s);
+    for (int step = kSavedAt; step < kSteps; ++step) feed(*restarted, step, s);
+    REQUIRE(params_of(*restarted) != params_of(*reference));
+  }
+}
+
+TEST_CASE("q8 checkpoints load only into the state precision they were saved with, refused by name on every rank",
+          "[q8][checkpoint][errors]") {
+  Setup q8;
+  Setup fp32;
+  fp32.group0 = fp32.group1 = StatePrecision::fp32;
+  SECTION("8-bit moments into fp32 moments") {
+    const std::string dir = scratch("into_fp32");
+    auto saved = make(world(), q8);
+    feed(*saved, 0, q8);
+    saved->save(dir);
+    auto other = make(world(), fp32);
+    const auto [code, message] = error_of([&] { other->load(dir); });
+    CHECK(code == ErrorCode::mismatch);
+    CHECK_THAT(message, Catch::Contains("keeps the moments of 'q0' as 8-bit codes (state_precision q8)") &&
+                            Catch::Contains("here its group 0 keeps fp32 moments"));
+    // Nothing changed: it steps from its own fresh state.
+    feed(*other, 0, fp32);
+    CHECK(other->param_step(0) == 1);
+  }
+  SECTION("fp32 moments into 8-bit moments") {
+    const std::string dir = scratch("into_q8");
+    auto saved = make(world(), fp32);
+    feed(*saved, 0, fp32);
+    saved->save(dir);
+    auto other = make(world(), q8);
+    const auto [code, message] = error_of([&] { other->load(dir); });
+    CHECK(code == ErrorCode::mismatch);
+    CHECK_THAT(message, Catch::Contains("keeps the moments of 'q0' as fp32 values") &&
+                            Catch::Contains("keeps 8-bit moments (state_precision q8)"));
+  }
+}
+
+TEST_CASE("a damaged q8 shard file is refused by name on every rank, never a crash", "[q8][checkpoint][errors]") {
+  Setup s;
+  const std::string dir = scratch("damaged");
+  auto saved = make(world(), s);
+  feed(*saved, 0, s);
+  saved->save(dir);
+  // File 0 holds the largest 8-bit param (sorted_greedy's first pick), and the codes are the
+  // file's last tensor: its last byte is an 8-bit code.
+  const std::string path = shard_file(dir, 0);
+  const std::string original = read_text(path);
+  REQUIRE(original.find("\"U8\"") != std::string::npos);
+  REQUIRE(original.find("exp_avg_sq.q8_codes") != std::string::npos);
+  REQUIRE(original.find("\"format_version\":\"2\"") != std::string::npos);
+  auto write = [&](const std::string& bytes) {
+    if (world()->rank() == 0) std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    world()->barrier();
+  };
+  SECTION("a flipped code") {
+    std::string bytes = original;
+    bytes.back() = static_cast<char>(bytes.back() ^ 0x10);
+    write(bytes);
+    auto other = make(world(), s);
+    const auto [code, message] = error_of([&] { other->load(dir); });
+    CHECK(code == ErrorCode::corrupt);
+    CHECK_THAT(message, Catch::Contains("is corrupt: CRC32C"));
+  }
+  SECTION("truncated inside the codes") {
+    write(original.substr(0, original.size() - 100));
+    auto other = make(world(), s);
+    const auto [code, message] = error_of([&] { other->load(dir); });
+    CHECK(code == ErrorCode::corrupt);
+    CHECK_THAT(message, Catch::Contains("truncated"));
+  }
+}
