@@ -301,8 +301,8 @@ Hyperparams& ParamTable::group(int index) {
 
 void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8) {
   SHARDOPT_CHECK(!table.any_q8() && !adds_q8, unsupported,
-                 "{}: a param group keeps state_precision = q8 (8-bit blockwise moments), which does not support "
-                 "layout changes, checkpoints or state dicts yet",
+                 "{}: a param group keeps state_precision = q8 (8-bit blockwise moments), whose blocks are laid out "
+                 "once, so it does not support layout changes (set_trainable, add_param_group) yet",
                  operation);
 }
 

@@ -121,9 +121,8 @@ class ParamTable {
   Device device_ = Device::cpu();
 };
 
-// 8-bit moments are laid out once and are not in checkpoints or state dicts yet: `operation`
-// (a layout change, a checkpoint, a state dict) raises Error(unsupported) naming it when any
-// group keeps them (or `adds_q8`, for groups being added).
+// 8-bit moments are laid out once: `operation` (a layout change) raises Error(unsupported)
+// naming it when any group keeps them (or `adds_q8`, for groups being added).
 void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8 = false);
 
 }  // namespace optim

@@ -67,7 +67,6 @@ void ZeroOptimizer::consolidate_state_dict(int to) try {
   record.validate([&] {
     SHARDOPT_CHECK(to >= 0 && to < im.dev.world(), invalid_argument,
                    "consolidate_state_dict: target rank {} is out of range (world size {})", to, im.dev.world());
-    optim::refuse_with_q8(im.table, "consolidate_state_dict");
   });
   optim::agree(im, record);
   im.shard.materialise_masters();
@@ -92,7 +91,6 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) try {
   Impl& im = *impl_;
   AgreementRecord record = optim::enter(im, GateCall::load_state_dict);
   record.validate([&] {
-    optim::refuse_with_q8(im.table, "load_state_dict");
     checkpoint::check_state_dict(parts_of(im), state);
   });
   record.field("state dict algorithm", algorithm_name(state.algorithm));

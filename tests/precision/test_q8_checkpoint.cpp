@@ -1,7 +1,9 @@
 // tests/precision/test_q8_checkpoint.cpp — 8-bit moments in sharded checkpoints: saved at N ranks, loaded at every world size up to N, continuing bitwise as a run that never saved; precision mismatches and damaged q8 files refused by name on every rank.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -103,7 +105,10 @@ std::vector<std::vector<char>> params_of(const ZeroOptimizer& opt) {
 }
 
 std::string scratch(const std::string& name) {
-  const std::string dir = std::string(SHARDOPT_TEST_SCRATCH) + "/q8ckpt_np" + std::to_string(world()->size()) + "/" + name;
+  // The staged runs (SHARDOPT_TEST_CKPT_STAGING_BYTES set) may run beside the plain ones.
+  const char* staged = std::getenv("SHARDOPT_TEST_CKPT_STAGING_BYTES");
+  const std::string dir = std::string(SHARDOPT_TEST_SCRATCH) + "/q8ckpt" + (staged != nullptr ? "_staged" : "") +
+                          "_np" + std::to_string(world()->size()) + "/" + name;
   if (world()->rank() == 0) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
@@ -249,5 +254,86 @@ TEST_CASE("a damaged q8 shard file is refused by name on every rank, never a cra
     const auto [code, message] = error_of([&] { other->load(dir); });
     CHECK(code == ErrorCode::corrupt);
     CHECK_THAT(message, Catch::Contains("truncated"));
+  }
+}
+
+TEST_CASE("q8 state dicts: torchao's codes and scale per 8-bit moment, consolidated at N ranks, loaded back bitwise",
+          "[q8][state_dict]") {
+  for (int stage : {1, 2}) {
+    CAPTURE(stage);
+    Setup s;
+    s.stage = stage;
+    s.group1 = StatePrecision::fp32;
+    auto opt = make(world(), s);
+    for (int step = 0; step < kSavedAt; ++step) feed(*opt, step, s);
+    opt->consolidate_state_dict(0);
+    auto reference = make(world(), s);
+    for (int step = 0; step < kSteps; ++step) feed(*reference, step, s);
+    const auto solo = world()->split(world()->rank(), 0);  // collective: before the other ranks leave
+    if (world()->rank() != 0) continue;
+    const StateDict dict = opt->state_dict();
+    for (ParamId id = 0; id < opt->num_params(); ++id) {
+      const ParamState& ps = dict.state.at(id);
+      const int64_t n = opt->param_view(id).numel;
+      const bool eight_bit = opt->param_group(id) == 0 && n >= 4096;
+      CAPTURE(opt->param_name(id), n);
+      CHECK(ps.step == kSavedAt);
+      if (!eight_bit) {
+        CHECK(ps.q8.empty());
+        CHECK(ps.tensors.count("exp_avg") == 1);
+        continue;
+      }
+      CHECK(ps.tensors.count("exp_avg") == 0);
+      CHECK(ps.tensors.count("exp_avg_sq") == 0);
+      REQUIRE(ps.q8.size() == 2);
+      for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+        const Q8State& q = ps.q8.at(kind);
+        REQUIRE(static_cast<int64_t>(q.codes.size()) == n);
+        REQUIRE(static_cast<int64_t>(q.scale.size()) == (n + 255) / 256);
+        // Real state: every block has a positive absmax, and the codes are not all one value.
+        for (float absmax : q.scale) CHECK(absmax > 0.f);
+        CHECK(std::any_of(q.codes.begin(), q.codes.end(), [&](uint8_t c) { return c != q.codes[0]; }));
+      }
+    }
+    // The maps (torchao's qmap) are bitsandbytes' dynamic maps: ascending, ending at 1, the
+    // signed one from just above -1.
+    for (bool is_signed : {true, false}) {
+      const std::vector<float> map = q8_map(is_signed);
+      REQUIRE(map.size() == 256);
+      CHECK(std::is_sorted(map.begin(), map.end()));
+      CHECK(map.back() == 1.f);
+      CHECK(map.front() == (is_signed ? -0.992968738f : 0.f));  // bitsandbytes: -0.99296875 rounded in float32
+    }
+    // Into a fresh one-rank optimizer whose parameters are the saved run's (the caller's to
+    // restore, as torch's): it continues as the N-rank reference.
+    auto replay = make(solo, s);
+    for (int step = 0; step < kSavedAt; ++step) feed(*replay, step, s);
+    auto resumed = make(solo, s);
+    for (ParamId id = 0; id < resumed->num_params(); ++id) {
+      const TensorRef from = replay->param_view(id);
+      std::memcpy(resumed->param_view(id).data, from.data, from.nbytes());
+    }
+    resumed->load_state_dict(dict);
+    for (int step = kSavedAt; step < kSteps; ++step) feed(*resumed, step, s);
+    REQUIRE(params_of(*resumed) == params_of(*reference));
+    // 8-bit state into fp32 moments, and a damaged 8-bit entry, refused by name.
+    Setup fp32 = s;
+    fp32.group0 = StatePrecision::fp32;
+    auto other = make(solo, fp32);
+    const auto [code, message] = error_of([&] { other->load_state_dict(dict); });
+    CHECK(code == ErrorCode::mismatch);
+    CHECK_THAT(message, Catch::Contains("parameter 'q0' has 8-bit 'exp_avg' in the state dict"));
+    StateDict short_scale = dict;
+    short_scale.state.at(0).q8.at("exp_avg_sq").scale.pop_back();
+    const auto [short_code, short_message] = error_of([&] { resumed->load_state_dict(short_scale); });
+    CHECK(short_code == ErrorCode::invalid_argument);
+    CHECK_THAT(short_message, Catch::Contains("8-bit 'exp_avg_sq' of parameter 'q0' has 5000 codes and 19 scales"));
+    StateDict as_fp32 = dict;
+    as_fp32.state.at(0).q8.clear();
+    as_fp32.state.at(0).tensors["exp_avg"].assign(5000, 0.f);
+    const auto [fp32_code, fp32_message] = error_of([&] { resumed->load_state_dict(as_fp32); });
+    CHECK(fp32_code == ErrorCode::mismatch);
+    CHECK_THAT(fp32_message, Catch::Contains("keeps 8-bit moments here (state_precision q8), but the state dict holds "
+                                             "its 'exp_avg' as fp32 values"));
   }
 }

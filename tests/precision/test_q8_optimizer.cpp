@@ -239,10 +239,9 @@ TEST_CASE("q8 refuses what cannot combine, by name on every rank", "[q8][errors]
     CHECK(remainder_code == ErrorCode::unsupported);
     CHECK_THAT(remainder_message, Catch::Contains("master = remainder16 is not implemented for muon"));
   }
-  SECTION("layout changes, state dicts, amsgrad switched on later") {
+  SECTION("layout changes, amsgrad switched on later") {
     ZeroOptimizer opt(world(), config, {group});
     for (const auto& [name, call] : std::vector<std::pair<std::string, std::function<void()>>>{
-             {"consolidate_state_dict", [&] { opt.consolidate_state_dict(0); }},
              {"set_trainable", [&] { opt.set_trainable(0, false); }},
              {"add_param_group", [&] {
                 ParamGroupSpec more;
