@@ -164,7 +164,13 @@ TEST_CASE("q8 checkpoints: saved at N ranks, loaded at every world size, continu
     for (int step = 0; step < kSteps; ++step) feed(*reference, step, s);
     auto saved = make(world(), s);
     for (int step = 0; step < kSavedAt; ++step) feed(*saved, step, s);
-    saved->save(dir);
+    // The background save writes the same bytes (half the variants take it).
+    if (v.stage == 2 || !v.shard_state) {
+      saved->save_async(dir);
+      saved->wait_save();
+    } else {
+      saved->save(dir);
+    }
     // The manifest names the 8-bit params (those of q8 groups at or above 4096 elements).
     const std::string manifest = read_text(dir + "/manifest.json");
     CHECK(manifest.find("\"state_precision\"") != std::string::npos);
