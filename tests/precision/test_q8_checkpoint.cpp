@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/manifest.hpp"
 #include "mpi/mpi_test_support.hpp"
 #include "precision.hpp"
 #include "shardopt/shardopt.hpp"
@@ -342,4 +343,42 @@ TEST_CASE("q8 state dicts: torchao's codes and scale per 8-bit moment, consolida
     CHECK_THAT(fp32_message, Catch::Contains("keeps 8-bit moments here (state_precision q8), but the state dict holds "
                                              "its 'exp_avg' as fp32 values"));
   }
+}
+
+TEST_CASE("a manifest's q8 marks are checked: only whole, large Adam/AdamW params keep 8-bit moments",
+          "[q8][checkpoint][errors]") {
+  Setup s;
+  const std::string dir = scratch("manifest");
+  auto saved = make(world(), s);
+  feed(*saved, 0, s);
+  saved->save(dir);
+  const checkpoint::Manifest m = checkpoint::read_manifest(dir);
+  // In registration order (group 0: q0 q2 q4 q6, group 1: q1 q3 q5): all but q4 (17 elements)
+  // and q1 (300) keep 8-bit moments.
+  const std::vector<bool> expected = {true, true, false, true, false, true, true};
+  REQUIRE(checkpoint::q8_params(m) == expected);
+  checkpoint::check_manifest(m, "as saved");
+  checkpoint::Manifest small = m;
+  small.params[4].q8 = true;
+  const auto [small_code, small_message] = error_of([&] { checkpoint::check_manifest(small, "edited"); });
+  CHECK(small_code == ErrorCode::corrupt);
+  CHECK_THAT(small_message, Catch::Contains("params[4] 'q1' says state_precision q8") &&
+                                Catch::Contains("(it is trainable, adamw, 300 elements)"));
+  // q3 (param 5) split in two segments of the same file: a save never writes that for an 8-bit param.
+  checkpoint::Manifest split = m;
+  for (checkpoint::ManifestFile& f : split.files) {
+    for (std::size_t k = 0; k < f.segments.size(); ++k) {
+      if (f.segments[k].param != 5) continue;
+      partition::Segment second = f.segments[k];
+      f.segments[k].length = 256;
+      second.param_offset += 256;
+      second.shard_offset += 256;
+      second.length -= 256;
+      f.segments.push_back(second);
+      break;
+    }
+  }
+  const auto [split_code, split_message] = error_of([&] { checkpoint::check_manifest(split, "edited"); });
+  CHECK(split_code == ErrorCode::corrupt);
+  CHECK_THAT(split_message, Catch::Contains("'q3' keeps 8-bit moments but lies in 2 segments"));
 }
