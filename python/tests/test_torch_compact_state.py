@@ -5,7 +5,9 @@
 Every rank runs every test in the same order (the optimizers' calls are collective). Skipped,
 with the reason, where torch cannot be imported.
 """
+import os
 import sys
+import tempfile
 
 try:
     import torch
@@ -81,12 +83,18 @@ def test_q8_moments_shrink_the_state_and_a_group_can_keep_fp32():
         assert q8_report.state_bytes < plain_report.state_bytes / 3
 
 
-def _broadcast(obj):
-    if not torch.distributed.is_initialized():
-        return obj
-    holder = [obj]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]
+def _share(obj, rank, barrier):
+    """Rank 0's `obj` on every rank, through a file (torch.distributed is not initialised here):
+    rank 0 writes it, `barrier` (a collective call) orders the reads after the write."""
+    path = os.path.join(tempfile.gettempdir(), f"q8_state_dict_{os.environ.get('OMPI_MCA_ess_base_jobid', 'solo')}.pt")
+    if rank == 0:
+        torch.save(obj, path)
+    barrier()
+    shared = torch.load(path)
+    barrier()
+    if rank == 0:
+        os.remove(path)
+    return shared
 
 
 def test_q8_state_dict_holds_torchao_fields_and_loads_back_bitwise():
@@ -97,8 +105,7 @@ def test_q8_state_dict_holds_torchao_fields_and_loads_back_bitwise():
     train(net, opt, 3)
     train(reference_net, reference, 6)
     opt.consolidate_state_dict(0)
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    sd = _broadcast(opt.state_dict() if rank == 0 else None)
+    sd = _share(opt.state_dict() if opt.rank == 0 else None, opt.rank, lambda: reference.consolidate_state_dict(0))
     for index, p in enumerate(net.parameters()):
         entry = sd["state"][index]
         for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
