@@ -1,4 +1,4 @@
-// bench/src/cuda_run.cpp — the device check every rank agrees on, the GPU and communicator of each rank, and the dispatch of --device cuda to the collectives or step mode.
+// bench/src/cuda_run.cpp — the device check every rank agrees on, the GPU and communicator of each rank, and the dispatch of --device cuda to the collectives, step or Muon step mode.
 #include "cuda_run.hpp"
 
 #include <cstdio>
@@ -7,6 +7,7 @@
 
 #include "collectives.hpp"
 #include "cuda_device.hpp"
+#include "cuda_muon_step.hpp"
 #include "cuda_step.hpp"
 #include "shardopt/nccl.hpp"
 #include "support.hpp"
@@ -62,7 +63,9 @@ int run_on_cuda(const std::shared_ptr<Communicator>& host, const Options& o) {
     use_local_device(node_local_rank(*host));
     tested = host;
   }
-  if (o.mode == BenchMode::step) return run_cuda_step(host, tested, o);
+  if (o.mode == BenchMode::step) {
+    return o.algorithm == Algorithm::muon ? run_cuda_muon_step(host, tested, o) : run_cuda_step(host, tested, o);
+  }
   if (!tested->cuda_aware()) {
     return cannot_run(*host, "the " + std::string(tested->backend_name()) + " communicator does not take device buffers (not CUDA-aware); use --comm nccl");
   }

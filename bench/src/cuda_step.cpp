@@ -37,6 +37,8 @@ D2DBandwidth best_of(const D2DBandwidth& a, const D2DBandwidth& b) {
   return best;
 }
 
+}  // namespace
+
 // The synthetic values of the whole model (`params`: parameters, else gradients) into device
 // memory at `device_base` (one element of o.dtype per model element), a tensor at a time
 // through host memory.
@@ -59,10 +61,16 @@ TensorRef read_to_host(const TensorRef& view, std::vector<uint32_t>& scratch) {
   return TensorRef{scratch.data(), view.numel, view.dtype, Device::cpu()};
 }
 
-struct CudaTiming {
-  double step_s = 0;   // host time with the device drained on both sides
-  double event_s = 0;  // CUDA events on the optimizer's stream
-};
+void upload_grad_views(ZeroOptimizer& opt, const std::vector<Tensor>& by_id, const Options& o) {
+  std::vector<uint32_t> host_grad;
+  for (std::size_t i = 0; i < by_id.size(); ++i) {
+    const Tensor& t = by_id[i];
+    const TensorRef view = opt.grad_view(static_cast<shardopt::ParamId>(i));
+    host_grad.resize(static_cast<std::size_t>((view.nbytes() + 3) / 4));
+    fill_grad_values(TensorRef{host_grad.data(), t.numel, o.dtype, Device::cpu()}, t.offset, o);
+    copy_to_device(view.data, host_grad.data(), view.nbytes());
+  }
+}
 
 CudaTiming time_cuda_steps(Communicator& host, ZeroOptimizer& opt, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) opt.step();
@@ -105,8 +113,6 @@ std::string token(std::string text) {
   return text;
 }
 
-}  // namespace
-
 int run_cuda_step(const std::shared_ptr<Communicator>& host, const std::shared_ptr<Communicator>& device_comm,
                   const Options& flags) {
   // The CPU reference and the synthetic values use every core unless --threads says otherwise.
@@ -146,14 +152,7 @@ int run_cuda_step(const std::shared_ptr<Communicator>& host, const std::shared_p
     // gradients are written into its grad views.
     synchronize_device();
     params.reset();
-    std::vector<uint32_t> host_grad;
-    for (std::size_t i = 0; i < model.tensors.size(); ++i) {
-      const Tensor& t = model.tensors[i];
-      const TensorRef view = opt.grad_view(static_cast<shardopt::ParamId>(i));
-      host_grad.resize(static_cast<std::size_t>((view.nbytes() + 3) / 4));
-      fill_grad_values(TensorRef{host_grad.data(), t.numel, o.dtype, Device::cpu()}, t.offset, o);
-      copy_to_device(view.data, host_grad.data(), view.nbytes());
-    }
+    upload_grad_views(opt, model.tensors, o);
   }
 
   const CudaTiming timing = time_cuda_steps(*host, opt, o.warmup, o.iters);

@@ -2,11 +2,39 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
 
 #include "options.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace shardopt_bench {
+
+// The synthetic values of the whole model (`params`: parameters, else gradients) into device
+// memory at `device_base` (one element of o.dtype per model element), a tensor at a time
+// through host memory.
+void upload_model_values(void* device_base, const Model& model, const Options& o, bool params);
+
+// A device view's values into `scratch`, as a host TensorRef.
+shardopt::TensorRef read_to_host(const shardopt::TensorRef& view, std::vector<uint32_t>& scratch);
+
+// The synthetic gradients of the tensors registered as ids 0, 1, ... (by_id[i] is id i) into
+// the optimizer's device grad views.
+void upload_grad_views(shardopt::ZeroOptimizer& opt, const std::vector<Tensor>& by_id, const Options& o);
+
+struct CudaTiming {
+  double step_s = 0;   // host time with the device drained on both sides
+  double event_s = 0;  // CUDA events on the optimizer's stream
+};
+
+// -w untimed steps, then -n steps each timed as below (run_cuda_step); medians of the slowest
+// rank's times.
+CudaTiming time_cuda_steps(shardopt::Communicator& host, shardopt::ZeroOptimizer& opt, int warmup, int iters);
+
+// A GPU's name as one token of the key=value line.
+std::string token(std::string text);
 
 // One ZeroOptimizer over `device_comm` (NCCL, or MPI at one rank / CUDA-aware) on the current
 // CUDA device, the model of make_model with its synthetic values: the parameters are

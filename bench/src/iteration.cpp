@@ -2,6 +2,7 @@
 #include "iteration.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -48,9 +49,31 @@ int run_iteration(const std::shared_ptr<Communicator>& comm, const Options& o) {
   std::vector<float> grad_scratch;
   // The gradients average to themselves (model.hpp: coarse values, exact sums), so every
   // iteration reduces the same values and the self-check's reference stays comparable.
+  const bool views = writes_grad_views(*opt, o) && o.storage == Storage::bucket_view;
+  const bool overlapped = config.overlap != shardopt::OverlapPolicy::off;
+  // --backward copy: the gradients as the views hold them now, written back every iteration.
+  std::vector<std::vector<char>> backward_values;
+  if (o.backward_copy && views) {
+    for (shardopt::ParamId id = 0; id < opt->num_params(); ++id) {
+      const shardopt::TensorRef g = opt->grad_view(id);
+      backward_values.emplace_back(static_cast<const char*>(g.data), static_cast<const char*>(g.data) + g.nbytes());
+    }
+  }
   const auto reduce = [&] {
-    if (config.stage == 2) hand_gradients(*opt, o, model.tensors, grad_scratch);
-    else opt->reduce_gradients();
+    if (views && (overlapped || o.backward_copy)) {
+      for (shardopt::ParamId id = opt->num_params() - 1; id >= 0; --id) {
+        if (o.backward_copy) {
+          const std::vector<char>& g = backward_values[static_cast<std::size_t>(id)];
+          std::memcpy(opt->grad_view(id).data, g.data(), g.size());
+        }
+        if (overlapped) opt->grad_ready(id);
+      }
+      opt->reduce_gradients();
+    } else if (config.stage == 2) {
+      hand_gradients(*opt, o, model.tensors, grad_scratch);
+    } else {
+      opt->reduce_gradients();
+    }
   };
   for (int i = 0; i < o.warmup; ++i) {
     reduce();
@@ -110,7 +133,8 @@ int run_iteration(const std::shared_ptr<Communicator>& comm, const Options& o) {
   }
   say(*comm,
       "world={} params={} {} optimizer={} partition={} dtype={} stage={} storage={} threads={} bucket_bytes={} "
-      "node_shared={} iters={} warmup={} cpu_isa={} update_bytes={} sync_bytes={} reduce_bytes={} "
+      "node_shared={} overlap={} backward={} grads={} iters={} warmup={} cpu_isa={} update_bytes={} sync_bytes={} "
+      "reduce_bytes={} "
       "stream_copy_gbps={:.2f} stream_triad_gbps={:.2f} stream_update_gbps={:.2f} stream_array_mb={} "
       "probe_gbps_min={:.2f} probe_gbps_median={:.2f} probe_gbps_max={:.2f} probe_spread={:.2f} "
       "roofline_gbps={:.2f} roofline_pattern={} reduce_roofline_ms={:.3f} step_roofline_ms={:.3f} "
@@ -121,7 +145,8 @@ int run_iteration(const std::shared_ptr<Communicator>& comm, const Options& o) {
       comm->size(), model.numel, model.description, shardopt::algorithm_name(o.algorithm),
       shardopt::partition_name(o.partition), shardopt::dtype_name(o.dtype), config.stage,
       o.storage == Storage::bucket_view ? "bucket_view" : "external", effective_threads(o.threads), o.bucket_bytes,
-      o.node_shared_params ? 1 : 0, o.iters, o.warmup, shardopt::cpu_kernel_isa(), bytes.update, bytes.sync,
+      o.node_shared_params ? 1 : 0, shardopt::overlap_policy_name(config.overlap),
+      o.backward_copy && views ? "copy" : "none", views ? "views" : config.stage == 2 ? "handed" : "external", o.iters, o.warmup, shardopt::cpu_kernel_isa(), bytes.update, bytes.sync,
       bytes.reduce, timed.best.copy_gbps, timed.best.triad_gbps, timed.best.update_gbps, array_bytes >> 20, *lowest,
       median(timed.probe_gbps), *highest, *lowest > 0 ? *highest / *lowest : 0.0, roofline_gbps,
       timed.best.best_pattern(), at(bytes.reduce, roofline_gbps) * 1e3, at(step_bytes, roofline_gbps) * 1e3, reduce_ms,

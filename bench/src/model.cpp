@@ -158,8 +158,8 @@ std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> com
     }
     for (std::size_t i = 0; i < pieces.size(); ++i) fill_param_values(group.params[i].param, pieces[i].offset, o.threads);
   }
-  const bool grad_views = !(config.stage == 2 && config.storage == Storage::bucket_view);
   auto opt = std::make_unique<ZeroOptimizer>(std::move(comm), config, std::vector<ParamGroupSpec>{std::move(group)});
+  const bool grad_views = writes_grad_views(*opt, o);
   initial_params = std::vector<float>();
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Tensor& t = pieces[i];
@@ -170,9 +170,21 @@ std::unique_ptr<ZeroOptimizer> build_optimizer(std::shared_ptr<Communicator> com
   return opt;
 }
 
+bool writes_grad_views(const ZeroOptimizer& opt, const Options& o) {
+  // The optimizer's own config: the self-check's reference is a stage-1 one under --stage 2.
+  if (!(opt.config().stage == 2 && opt.config().storage == Storage::bucket_view)) return true;
+  if (!o.stage2_grad_views || opt.num_params() == 0) return false;
+  try {
+    opt.grad_view(0);
+    return true;
+  } catch (const shardopt::Error&) {
+    return false;  // refused: stage 2 keeps only the shard's gradients here
+  }
+}
+
 void hand_gradients(ZeroOptimizer& opt, const Options& o, const std::vector<Tensor>& pieces,
                     std::vector<float>& scratch) {
-  if (o.storage == Storage::bucket_view) {
+  if (o.storage == Storage::bucket_view && !writes_grad_views(opt, o)) {
     // The gradients are the same every time: generated once, whole, so the hand-over is timed
     // as a user's backward would hand them (a copy out of ready gradients), not their making.
     const auto words_of = [&](int64_t numel) {
@@ -205,6 +217,7 @@ OptimizerConfig make_config(const Options& o) {
   config.bucket_bytes = o.bucket_bytes;
   config.pipeline_chunk_bytes = o.pipeline_chunk_bytes;
   config.node_shared_params = o.node_shared_params;
+  config.overlap = o.overlap;
   return config;
 }
 

@@ -61,17 +61,24 @@ enum class InitialValues {
 };
 
 // Builds an optimizer over `pieces` of the model ([first, first+numel) ranges of global
-// indices) with synthetic initial values and gradients (not for stage 2 with bucket view,
-// which has no gradient views: see hand_gradients).
+// indices) with synthetic initial values and gradients (through grad_view; at stage 2 with
+// bucket view only where it has gradient views and --stage2-grads views: see hand_gradients).
 std::unique_ptr<shardopt::ZeroOptimizer> build_optimizer(std::shared_ptr<shardopt::Communicator> comm,
                                                          const Options& o, shardopt::OptimizerConfig config,
                                                          const std::vector<Tensor>& pieces,
                                                          ExternalBuffers& external,
                                                          InitialValues initial = InitialValues::through_views);
 
+// Whether the gradients are written through grad_view: everywhere but stage 2 with bucket
+// view, and there where the optimizer has gradient views (one node, node-shared slots) unless
+// --stage2-grads hand-over.
+bool writes_grad_views(const shardopt::ZeroOptimizer& opt, const Options& o);
+
 // Stage 2, before every step (untimed): every rank hands the same synthetic gradients (bucket
 // view: one param at a time out of `scratch`, the whole model's gradients generated at the
-// first call, in registration order; external: they are already in its buffers) and reduce_gradients() averages them into their owners' shards.
+// first call, in registration order; external: they are already in its buffers; gradient
+// views: they are already in the views, nothing is handed) and reduce_gradients() averages
+// them into their owners' shards.
 void hand_gradients(shardopt::ZeroOptimizer& opt, const Options& o, const std::vector<Tensor>& pieces,
                     std::vector<float>& scratch);
 

@@ -19,15 +19,6 @@ using shardopt::OptimizerConfig;
 using shardopt::ParamGroupSpec;
 using shardopt::ZeroOptimizer;
 
-namespace {
-
-// The layers' weights (one Muon group, ids 0..k-1) then their biases (one AdamW group, ids
-// k..2k-1), in the id order the optimizer registers them.
-struct MuonPieces {
-  std::vector<Tensor> by_id;
-  int64_t matrices = 0;
-};
-
 MuonPieces muon_pieces(const Model& model, const std::vector<int>& layers) {
   MuonPieces pieces;
   for (int l : layers) pieces.by_id.push_back(model.tensors[static_cast<std::size_t>(2 * l)]);
@@ -46,7 +37,7 @@ OptimizerConfig muon_config(const Options& o) {
 
 // An optimizer over `layers` of the model with the synthetic values of model.cpp (the same
 // global indices, so any subset of layers starts from the same numbers). Stage 2 leaves the
-// gradients to hand_gradients.
+// gradients to hand_gradients (unless it has gradient views).
 std::unique_ptr<ZeroOptimizer> build_muon_optimizer(std::shared_ptr<Communicator> comm, const Options& o,
                                                     const OptimizerConfig& config, const MuonPieces& pieces) {
   const std::vector<Tensor> weights(pieces.by_id.begin(), pieces.by_id.begin() + pieces.matrices);
@@ -60,10 +51,13 @@ std::unique_ptr<ZeroOptimizer> build_muon_optimizer(std::shared_ptr<Communicator
   for (std::size_t i = 0; i < pieces.by_id.size(); ++i) {
     const auto id = static_cast<shardopt::ParamId>(i);
     fill_param_values(opt->param_view(id), pieces.by_id[i].offset, o.threads);
-    if (config.stage == 1) fill_grad_values(opt->grad_view(id), pieces.by_id[i].offset, o);
+    const bool views = config.stage == 1 || (config.storage == shardopt::Storage::bucket_view && writes_grad_views(*opt, o));
+    if (views) fill_grad_values(opt->grad_view(id), pieces.by_id[i].offset, o);
   }
   return opt;
 }
+
+namespace {
 
 uint64_t fnv1a(const void* data, std::size_t bytes, uint64_t hash) {
   const auto* p = static_cast<const unsigned char*>(data);

@@ -2,11 +2,32 @@
 #pragma once
 
 #include <memory>
+#include <vector>
+
+#include "model.hpp"
 
 #include "options.hpp"
 #include "shardopt/shardopt.hpp"
 
 namespace shardopt_bench {
+
+// The layers' weights (one Muon group, ids 0..k-1) then their biases (one AdamW group, ids
+// k..2k-1), in the id order the optimizer registers them.
+struct MuonPieces {
+  std::vector<Tensor> by_id;
+  int64_t matrices = 0;
+};
+MuonPieces muon_pieces(const Model& model, const std::vector<int>& layers);
+
+// The bench's config for the Muon model: AdamW for the biases' group, the Muon options of -o.
+shardopt::OptimizerConfig muon_config(const Options& o);
+
+// A CPU optimizer over `pieces` with the synthetic values of model.cpp (the same global
+// indices, so any subset of layers starts from the same numbers). Stage 2 leaves the gradients
+// to hand_gradients.
+std::unique_ptr<shardopt::ZeroOptimizer> build_muon_optimizer(std::shared_ptr<shardopt::Communicator> comm,
+                                                              const Options& o, const shardopt::OptimizerConfig& config,
+                                                              const MuonPieces& pieces);
 
 // The --layers x --width model with its L weights in one Muon group and its L biases in one
 // AdamW group (Muon as it is used: hidden matrices only); each matrix is owned whole by one

@@ -45,6 +45,7 @@ const char* const usage_text =
     "                                        --layers x --width model with the weights in a\n"
     "                                        Muon group and the biases in an AdamW one; prints\n"
     "                                        the Newton-Schulz time beside the update and sync\n"
+    "                                        (--device cuda: cuBLAS, checked against the CPU)\n"
     "  --muon-precision bf16|f32             Muon's Newton-Schulz products (default bf16)\n"
     "  --blas-threads T                      OpenBLAS threads per orthogonalisation (default 1)\n"
     "  --momentum X                          sgd momentum (default 0.9)\n"
@@ -63,6 +64,10 @@ const char* const usage_text =
     "                                        The timed step is the same; at 2 the gradients\n"
     "                                        are handed with reduce_gradient() and reduced to\n"
     "                                        their owners before every step, untimed\n"
+    "  --stage2-grads views|hand-over        stage 2 with bucket view: write the gradients\n"
+    "                                        through grad_view() where it exists (one node,\n"
+    "                                        node-shared slots; default views), or hand each\n"
+    "                                        with reduce_gradient() (a copy into the slot)\n"
     "  --threads T               OpenMP threads per rank, for the update and STREAM (default 1;\n"
     "                            --device cuda: the CPU reference's threads, default all cores)\n"
     "  --bucket-bytes B          OptimizerConfig::bucket_bytes (default 4 MiB, the library default)\n"
@@ -83,6 +88,12 @@ const char* const usage_text =
     "reduce_gradient() first) and step(), each timed between barriers; one line with both\n"
     "times, their rooflines (best probe, and each iteration against its own probe) and the\n"
     "probes' spread\n"
+    "  --overlap off|after_backward|per_bucket   OptimizerConfig::overlap (default off); the\n"
+    "                            gradients are marked with grad_ready() in backward order\n"
+    "  --backward copy|none      copy: the timed reduce starts with a stand-in backward that\n"
+    "                            writes every gradient into grad_view in backward order (from\n"
+    "                            values made once; grad_ready after each under --overlap), so\n"
+    "                            overlap has work to run beside (default none)\n"
     "\n"
     "Checkpoint options (--mode checkpoint: the step options pick the model; -n rounds):\n"
     "  --ckpt-dir DIR            where every rank saves, shared by the ranks\n"
@@ -259,6 +270,21 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--bucket-bytes") o.bucket_bytes = std::max<int64_t>(1, parse_size(flag, value));
     else if (flag == "--pipeline-chunk-bytes") o.pipeline_chunk_bytes = parse_size(flag, value);
     else if (flag == "--node-shared") o.node_shared_params = parse_int(flag, value, 0, 1) == 1;
+    else if (flag == "--overlap") {
+      if (value == "off") o.overlap = shardopt::OverlapPolicy::off;
+      else if (value == "after_backward") o.overlap = shardopt::OverlapPolicy::after_backward;
+      else if (value == "per_bucket") o.overlap = shardopt::OverlapPolicy::per_bucket;
+      else bad_usage("--overlap expects off, after_backward or per_bucket, got '" + value + "'");
+    } else if (flag == "--backward") {
+      if (value == "copy") o.backward_copy = true;
+      else if (value == "none") o.backward_copy = false;
+      else bad_usage("--backward expects copy or none, got '" + value + "'");
+    }
+    else if (flag == "--stage2-grads") {
+      if (value == "views") o.stage2_grad_views = true;
+      else if (value == "hand-over") o.stage2_grad_views = false;
+      else bad_usage("--stage2-grads expects views or hand-over, got '" + value + "'");
+    }
     else if (flag == "--ckpt-dir") o.ckpt_dir = value;
     else if (flag == "--save-every") o.save_every = static_cast<int>(parse_int(flag, value, 1, 1 << 20));
     else if (flag == "--stream-mb") o.stream_mb = parse_int(flag, value, 1, int64_t{1} << 20);
@@ -266,6 +292,9 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.min_bytes > o.max_bytes) {
     bad_usage(fmt::format("-b ({}) is larger than -e ({})", o.min_bytes, o.max_bytes));
+  }
+  if ((o.overlap != shardopt::OverlapPolicy::off || o.backward_copy) && o.mode != BenchMode::iteration) {
+    bad_usage("--overlap and --backward are options of --mode iteration");
   }
   if (o.stage == 2 && !o.sharded) {
     bad_usage("--stage 2 shards the gradients by the state's partition; it needs --mode sharded");
@@ -283,10 +312,8 @@ Options parse_options(int argc, char** argv) {
     bad_usage("--comm picks the communicator of --device cuda; the cpu device always uses MPI");
   }
   if (o.algorithm == Algorithm::muon &&
-      (o.mode != BenchMode::step || o.device != BenchDevice::cpu || o.params > 0 || !o.sharded ||
-       o.storage != Storage::bucket_view)) {
-    bad_usage("--algorithm muon runs --mode step on the cpu device over the --layers x --width model, sharded, "
-              "with bucket_view storage");
+      (o.mode != BenchMode::step || o.params > 0 || !o.sharded || o.storage != Storage::bucket_view)) {
+    bad_usage("--algorithm muon runs --mode step over the --layers x --width model, sharded, with bucket_view storage");
   }
   if (o.step_factor <= 1.0 && o.step_bytes <= 0 && o.min_bytes != o.max_bytes) {
     bad_usage("-f must be > 1, or -i must be positive, for the sweep to advance");

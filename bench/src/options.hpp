@@ -62,6 +62,14 @@ struct Options {
   int64_t bucket_bytes = shardopt::OptimizerConfig{}.bucket_bytes;
   int64_t pipeline_chunk_bytes = 0;
   bool node_shared_params = true;  // OptimizerConfig::node_shared_params
+  // Stage 2 with bucket view: gradients written through grad_view where it exists (true), or
+  // handed with reduce_gradient() (false: --stage2-grads hand-over).
+  bool stage2_grad_views = true;
+  // --mode iteration: OptimizerConfig::overlap, and whether each iteration writes the gradients
+  // into grad_view in backward order (a copy from ones made once, with grad_ready under overlap)
+  // as the timed reduce's first part: the least a backward writes, for overlap to run beside.
+  shardopt::OverlapPolicy overlap = shardopt::OverlapPolicy::off;
+  bool backward_copy = false;
   bool sharded = true;
   int64_t stream_mb = 0;  // 0: automatic
   bool breakdown = false;

@@ -69,6 +69,9 @@ class SHARDOPT_API CommBackend {
   // from a thread other than the one that set it up, as the optimizer's communication thread
   // does under config.overlap (e.g. MPI below MPI_THREAD_SERIALIZED). The default allows it.
   virtual void require_serialized_calls() const {}
+  // The CommOptions.timeout_seconds this transport bounds its waits by (0: none, the default),
+  // for the optimizer's own waits on peers outside collectives (the node's gradient slots).
+  virtual double timeout_seconds() const { return 0.0; }
 };
 
 // The transport under `comm`. For backends that wrap a Communicator and hand its split

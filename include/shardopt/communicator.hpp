@@ -106,6 +106,8 @@ class SHARDOPT_API Communicator final {
   // The cudaStream_t (as void*) on which this communicator runs its collectives, ordered with
   // other work on that stream (NCCL); null when collectives run on the host's timeline.
   void* cuda_stream() const;
+  // CommOptions.timeout_seconds of the transport (0 when it has no watchdog).
+  double timeout_seconds() const;
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root);
   // Rank r's `count` elements land at recv + r*count. In place when send == recv + rank*count.

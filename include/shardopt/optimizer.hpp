@@ -170,10 +170,10 @@ struct OptimizerConfig {
   // External storage keeps the caller's buffers per rank; there the sync's staging buffer is
   // node-shared, so the sync on a node is two memory copies and a barrier.
   // With every rank on one node the gradient average goes through node-shared memory too
-  // (stage 1 with bucket view: the gradient buffers are a slot per rank; stage 2, and external
-  // storage at stage 1: the gradients are copied into a slot per rank of trainable_numel,
-  // counted in memory_report().buffer_bytes), bitwise as through MPI; config.overlap keeps
-  // MPI's path.
+  // (bucket view, stage 1 and 2: the gradient buffers are a slot per rank, grad_view() at both
+  // stages; external storage: the gradients are copied into a slot per rank of trainable_numel,
+  // counted in memory_report().buffer_bytes), bitwise as through MPI; with config.overlap each
+  // bucket is summed over the slots once every rank of the node has handed it over.
   bool node_shared_params = true;
   // 1: ZeRO-1, gradients are averaged whole on every rank (all-reduce). 2: ZeRO-2, each rank
   // receives only its shard's averaged gradients (bucketed reduce-scatter to the owners) and
@@ -209,7 +209,8 @@ struct OptimizerConfig {
   // hand-over, the last step's gathers). CUDA parameters over MPI: one rank (no collective)
   // works alike; over several ranks (a CUDA-aware MPI) registration raises Error(unsupported)
   // on every rank. Hand gradients over as backward produces them (grad_ready for
-  // gradients written into grad_view at stage 1, reduce_gradient at either stage); each
+  // gradients written into grad_view at stage 1 or, on one node's slots, at stage 2;
+  // reduce_gradient at either stage); each
   // bucket (bucket_bytes of the layout) is reduced once all of it is in. The first round's
   // order of completed buckets is agreed across the ranks (Error(mismatch) naming both orders
   // otherwise) and kept: later rounds issue buckets in that order, and step() issues the
@@ -364,6 +365,10 @@ class SHARDOPT_API ZeroOptimizer {
   int param_owner(ParamId id) const;
 
   // bucket_view: views into shardopt's flat buffers; external: the caller's buffers.
+  // grad_view at stage 2 with bucket view: only on one node with node_shared_params (several
+  // ranks), where the view is this rank's node-shared gradient slot (write the backward's
+  // gradients there and call reduce_gradients(), or grad_ready(id) with config.overlap: no
+  // hand-over copy); refused elsewhere.
   TensorRef param_view(ParamId id) const;
   TensorRef grad_view(ParamId id) const;
   // Shared ownership of the memory behind param_view(id) / grad_view(id), pointing at the
@@ -382,18 +387,21 @@ class SHARDOPT_API ZeroOptimizer {
   // all-reduce of every gradient. Stage 2: each rank receives only its shard's average
   // (bucketed reduce-scatter); external storage reads the caller's gradient buffers, bucket
   // view takes the gradients handed to reduce_gradient() since the last step and checks that
-  // every trainable parameter was handed.
+  // every trainable parameter was handed (or, where stage 2 has grad views, none: then the
+  // gradients are read in place from grad_view, as at stage 1).
   void reduce_gradients();
   // Stage 2, bucket view: hands this rank's local gradient of one parameter (as a backward hook
   // would). Collective per bucket: every rank must hand the same parameters in the same order,
   // once per step; a bucket is reduced to its owners as soon as all its parameters are in, so
   // only the shard's gradients (plus in-flight buckets) are kept. On one node with
-  // node_shared_params the gradient is copied into this rank's node-shared slot instead, and
-  // reduce_gradients() sums each shard over the node's slots (no bucket is reduced early). `grad` is read before the
+  // node_shared_params the gradient is copied into this rank's node-shared slot instead (no copy
+  // when `grad` is grad_view(id) itself), and reduce_gradients() sums each shard over the node's
+  // slots (no bucket is reduced early). `grad` is read before the
   // call returns on the CPU; on a device, in order on cuda_stream() (see there). Error(invalid_argument) for a wrong numel/dtype/device or a second hand-over.
   // With config.overlap, also at stage 1 (the gradient is copied into grad_view(id)).
   void reduce_gradient(ParamId id, const TensorRef& grad);
-  // Stage 1, bucket view: param `id`'s gradient in grad_view(id) is final for this round. With
+  // Stage 1, bucket view (stage 2 where it has grad views): param `id`'s gradient in
+  // grad_view(id) is final for this round. With
   // config.overlap its bucket's reduction starts once the whole bucket is ready; without, the
   // call only checks `id` (reduce_gradients() reads every gradient). Collective per bucket
   // like reduce_gradient.

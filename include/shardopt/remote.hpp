@@ -87,6 +87,9 @@ struct RemoteStats {
   int64_t trainers_gone = 0;    // counted as gone after context_expiry_seconds of silence
   int64_t open_contexts = 0;    // contexts holding accumulators now
   int64_t accumulator_bytes = 0;
+  // Buffers of applied contexts' sums kept for the next contexts (bounded: SumPool's kKept of
+  // each kind); with accumulator_bytes, what the owner holds beyond its table and state.
+  int64_t pooled_bytes = 0;
 };
 
 class RemoteOptimizer;

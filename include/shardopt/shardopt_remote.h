@@ -71,6 +71,7 @@ typedef struct shardopt_remote_stats {
   int64_t trainers_gone;
   int64_t open_contexts;
   int64_t accumulator_bytes;
+  int64_t pooled_bytes; /* appended: a struct_size through accumulator_bytes is still accepted */
 } shardopt_remote_stats;
 
 /* shardopt_comm_world with MPI initialised for MPI_THREAD_MULTIPLE (the owners' service thread). */

@@ -218,6 +218,7 @@ void bind_remote(nb::module_& m) {
         d["trainers_gone"] = s.trainers_gone;
         d["open_contexts"] = s.open_contexts;
         d["accumulator_bytes"] = s.accumulator_bytes;
+        d["pooled_bytes"] = s.pooled_bytes;
         return d;
       });
 

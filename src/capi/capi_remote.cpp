@@ -1,6 +1,7 @@
 // src/capi/capi_remote.cpp — the remote optimizer's C ABI (shardopt_remote.h) over shardopt::RemoteOptimizer: checked handles, statuses, a failed argument read joining the construction's agreement.
 #include "shardopt/shardopt_remote.h"
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -232,8 +233,11 @@ shardopt_status shardopt_remote_get_stats(shardopt_remote_t remote, shardopt_rem
   return guard("shardopt_remote_get_stats", [&] {
     shardopt_remote_s& r = checked_remote(remote, "remote");
     check_not_null(out, "out");
-    if (out->struct_size != sizeof(shardopt_remote_stats)) {
-      fail(SHARDOPT_ERR_STRUCT_SIZE, "out.struct_size is {}, expected {}", out->struct_size, sizeof(shardopt_remote_stats));
+    // The struct through accumulator_bytes (before pooled_bytes was appended) is still accepted.
+    constexpr std::size_t kFirstSize = offsetof(shardopt_remote_stats, pooled_bytes);
+    if (out->struct_size != sizeof(shardopt_remote_stats) && out->struct_size != kFirstSize) {
+      fail(SHARDOPT_ERR_STRUCT_SIZE, "out.struct_size is {}, expected {} or {} (shardopt_remote_stats)", out->struct_size,
+           sizeof(shardopt_remote_stats), kFirstSize);
     }
     const shardopt::RemoteStats s = r.remote->stats();
     out->pushes_received = s.pushes_received;
@@ -244,6 +248,7 @@ shardopt_status shardopt_remote_get_stats(shardopt_remote_t remote, shardopt_rem
     out->trainers_gone = s.trainers_gone;
     out->open_contexts = s.open_contexts;
     out->accumulator_bytes = s.accumulator_bytes;
+    if (out->struct_size == sizeof(shardopt_remote_stats)) out->pooled_bytes = s.pooled_bytes;
   });
 }
 

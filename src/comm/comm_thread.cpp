@@ -124,6 +124,7 @@ class SerialBackend final : public CommBackend {
   void* cuda_stream() const override { return inner_->cuda_stream(); }
   // Its calls run on the communication thread: the inner transport must allow that.
   void require_serialized_calls() const override { comm::require_serialized_calls(*inner_); }
+  double timeout_seconds() const override { return inner_->timeout_seconds(); }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
     thread_->run([=] { inner_->broadcast(buffer, count, dtype, root); });

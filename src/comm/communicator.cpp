@@ -26,6 +26,7 @@ Device Communicator::device() const { return backend_->device(); }
 const char* Communicator::backend_name() const { return backend_->backend_name(); }
 bool Communicator::cuda_aware() const { return backend_->cuda_aware(); }
 void* Communicator::cuda_stream() const { return backend_->cuda_stream(); }
+double Communicator::timeout_seconds() const { return backend_->timeout_seconds(); }
 
 void Communicator::broadcast(void* buffer, int64_t count, DType dtype, int root) {
   backend_->broadcast(buffer, count, dtype, root);

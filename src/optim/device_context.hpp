@@ -101,6 +101,7 @@ class DeviceContext {
   // that contributed. Another divisor than the world size sums and then divides, exactly as the
   // MPI communicator's avg does with its own size.
   void set_gradient_divisor(int divisor) { divisor_ = divisor; }
+  int gradient_divisor() const { return divisor_; }
 
  private:
   // Creates the compute stream and, for a stream-ordered communicator, the two events.

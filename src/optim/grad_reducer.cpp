@@ -9,9 +9,10 @@
 // the caller's gradients into its slot first and the average back out. Across nodes: the MPI
 // path.
 //
-// Stage 2 on one node with node-shared parameters (either storage): each hand-over copies the
-// gradient into this rank's node-shared slot, and the round's end is stage 1's barrier, sum
-// and barrier with this rank's shard gradients as the only output: no MPI.
+// Stage 2 on one node with node-shared parameters (either storage): the gradients are in this
+// rank's node-shared slot (bucket view: written there through grad_view() as at stage 1, or
+// copied in by each hand-over; external storage: copied in), and the round's end is stage 1's
+// barrier, sum and barrier with this rank's shard gradients as the only output: no MPI.
 //
 // Stage 2 otherwise: the layout's positions [0, buffer_numel) are cut into buckets of bucket_elements.
 // Each rank's shard is a contiguous range of positions, so a bucket meets each rank's shard in
@@ -254,9 +255,11 @@ void GradReducer::hand_gradient(std::size_t i, const void* grad) {
   const ParamRecord& p = table_.params()[i];
   const DType dt = shard_.dtype();
   const int64_t lo = shard_.layout().param_offset[i];
-  // On one node: into this rank's slot, where the owners read it when the round finishes.
+  // On one node: into this rank's slot, where the owners read it when the round finishes (a
+  // gradient written through grad_view() is there already).
   const bool into_slot = shard_.node_grad_slots() != nullptr;
-  if (into_slot && p.numel > 0) dev_.copy_bytes(shard_.hand_over_slot().at(lo), grad, span_bytes(p.numel, dt));
+  char* in_slot = into_slot ? shard_.own_grad_slot().at(lo) : nullptr;
+  if (into_slot && p.numel > 0 && in_slot != grad) dev_.copy_bytes(in_slot, grad, span_bytes(p.numel, dt));
   for (int64_t pos = lo; !into_slot && pos < lo + p.numel;) {
     const int index = static_cast<int>(pos / bucket_numel());
     Bucket& b = buckets_[static_cast<std::size_t>(index)];
@@ -315,9 +318,12 @@ void GradReducer::hand_zeros() {
 
 // Every bucket must be complete; then the round is finished.
 uint64_t GradReducer::finish_round() {
+  // Stage 2 with grad views and no hand-over this round: the gradients are read in place from
+  // the slots, as at stage 1.
+  const bool in_place = shard_.stage2_grad_views() && handed_count_ == 0;
   open_round_if_needed();
   const std::vector<ParamRecord>& params = table_.params();
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  for (std::size_t i = 0; i < params.size() && !in_place; ++i) {
     SHARDOPT_CHECK(!params[i].trainable || handed_[i], invalid_argument,
                    "reduce_gradients(): rank {} never handed the gradient of '{}' with reduce_gradient() in this "
                    "round (every trainable parameter must be handed, on every rank, in the same order)",

@@ -81,6 +81,9 @@ void shadow_reduce_gradients(ZeroOptimizer::Impl& im, const comm::Agreed& agreed
       if (n > 0) im.dev.zero_bytes(im.shard.grad_ptr(i), span_bytes(n, im.table.dtype()));
     }
   }
+  // Stage 2 with grad views, the active ranks reading theirs in place (no hand-over opened the
+  // round): zeros into this rank's slot.
+  if (im.shard.stage2_grad_views() && !im.reducer.round_started()) im.reducer.hand_zeros();
   im.reducer.reduce_all();
   if (!im.shard.stage2()) return;
   comm::AgreementRecord handed = continue_record("reduce_gradients");

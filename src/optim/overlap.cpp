@@ -139,6 +139,10 @@ void OverlapEngine::open_round(const comm::Agreed& agreed, bool explicit_hand_ov
   open_ = true;
   // per_bucket updates on the thread: the state they write must exist first.
   if (per_bucket()) shard_.ensure_state_kinds();
+  if (slots() != nullptr) {
+    count_slot_round();
+    for (int b : completed_) hand_over_slot_bucket(b);  // padding only
+  }
   try_issue();
 }
 
@@ -161,10 +165,12 @@ void OverlapEngine::hand(ParamId id, const TensorRef& grad) {
   SHARDOPT_CHECK(grad.data != nullptr || p.numel == 0, invalid_argument,
                  "reduce_gradient(): the gradient of '{}' has no data", p.name);
   validate_hand(id, "reduce_gradient()");
-  if (shard_.stage2()) {
+  if (shard_.stage2() && slots() == nullptr) {
     copy_into_staging(static_cast<std::size_t>(id), grad.data);
   } else {
-    dev_.copy_bytes(shard_.grad_ptr(static_cast<std::size_t>(id)), grad.data, span_bytes(p.numel, shard_.dtype()));
+    // Into grad_view(id) (stage 2 on one node: this rank's slot), unless it was written there.
+    void* into = shard_.grad_ptr(static_cast<std::size_t>(id));
+    if (into != grad.data) dev_.copy_bytes(into, grad.data, span_bytes(p.numel, shard_.dtype()));
   }
   mark(static_cast<std::size_t>(id));
 }
@@ -190,10 +196,12 @@ void OverlapEngine::complete_missing(bool zero_in_place) {
   }
   // Allocated once per layout (reset() drops it), and only once a param is missing: a rank in
   // join() hands zeros every round, on a device without allocating.
-  if (shard_.stage2() && zeros_.numel() < largest) zeros_ = dev_.new_buffer(largest, shard_.dtype());
+  // On the slots stage 2 keeps whole gradients as stage 1 does.
+  const bool staged = shard_.stage2() && slots() == nullptr;
+  if (staged && zeros_.numel() < largest) zeros_ = dev_.new_buffer(largest, shard_.dtype());
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].trainable || handed_[i]) continue;
-    if (shard_.stage2()) {
+    if (staged) {
       copy_into_staging(i, zeros_.raw());
     } else if (zero_in_place) {
       dev_.zero_bytes(shard_.grad_ptr(i), span_bytes(params[i].numel, shard_.dtype()));
@@ -211,7 +219,10 @@ void OverlapEngine::mark(std::size_t param) {
     const int64_t end = std::min(lo + p.numel, b.begin + b.length);
     b.missing -= end - pos;
     pos = end;
-    if (b.missing == 0) completed_.push_back(index);
+    if (b.missing != 0) continue;
+    completed_.push_back(index);
+    // On the slots a complete bucket is handed over at once, whatever the order.
+    if (slots() != nullptr) hand_over_slot_bucket(index);
   }
   handed_[param] = true;
   try_issue();
@@ -302,9 +313,14 @@ void OverlapEngine::issue(int bucket) {
       b.slot >= 0 ? static_cast<const char*>(staging_[static_cast<std::size_t>(b.slot)].raw()) : nullptr;
   void* staged_event = b.slot >= 0 ? event_at(staging_events_, b.slot) : nullptr;
   const bool has_trainable = b.trainable > 0;
-  std::shared_ptr<comm::Ticket> ticket = submit([this, bucket, staged, staged_event, has_trainable, op] {
-    run_bucket(bucket, staged, staged_event, has_trainable, op);
-  });
+  std::shared_ptr<comm::Ticket> ticket;
+  if (slots() != nullptr) {
+    ticket = submit([this, bucket, target = slot_target()] { run_bucket_on_slots(bucket, target); });
+  } else {
+    ticket = submit([this, bucket, staged, staged_event, has_trainable, op] {
+      run_bucket(bucket, staged, staged_event, has_trainable, op);
+    });
+  }
   reductions_[static_cast<std::size_t>(bucket)] = ticket;
   if (per_bucket()) gathers_[static_cast<std::size_t>(bucket)] = ticket;
 }
@@ -328,8 +344,9 @@ OverlapEngine::RoundEnd OverlapEngine::close_hand_over() {
   const std::vector<ParamRecord>& params = table_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].trainable || handed_[i]) continue;
-    // Stage 1 without any hand-over reads the gradients where they are, as without overlap.
-    if ((explicit_ || shard_.stage2()) && !end.failure) {
+    // Stage 1 (and stage 2 on the slots) without any hand-over reads the gradients where they
+    // are, as without overlap.
+    if ((explicit_ || (shard_.stage2() && slots() == nullptr)) && !end.failure) {
       end.failure = Error(ErrorCode::invalid_argument,
                           fmt::format("reduce_gradients(): rank {} never handed the gradient of '{}' with {} in "
                                       "this round (every trainable parameter must be handed, on every rank)",
@@ -365,6 +382,8 @@ void OverlapEngine::settle_round() {
   } else {
     std::vector<std::shared_ptr<comm::Ticket>> pending = reductions_;
     wait_tickets(pending);
+    // On the slots: every rank's sums are in (and no rank reads this rank's slot any more).
+    if (slots() != nullptr) wait_slots_reduced();
     // On a device: the statistics, clipping and update that follow read the averages.
     dev_.compute_waits_for_collectives();
   }

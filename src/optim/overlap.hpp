@@ -9,6 +9,12 @@
 // bucket_elements: the same collectives, with the same counts, as the plain reduction, hence
 // the same bits.
 //
+// On one node with node-shared gradient slots (ShardState::node_grad_slots) no collective is
+// issued: a rank hands a complete bucket over by counting it in the slots' shared counters, and
+// its communication thread sums its own piece of the bucket over the slots as soon as every
+// rank of the node has (overlap_slots.cpp): no order to wait for, and the same kernel and sum
+// order as the plain reduction over the slots.
+//
 // Where the work runs:
 //  - CPU parameters: every communicator call of the optimizer runs on one communication thread
 //    (comm/comm_thread.hpp), in the order issued, because MPI progresses a collective only
@@ -138,6 +144,17 @@ class OverlapEngine {
   std::vector<int> forward_order() const;
   void wait_tickets(std::vector<std::shared_ptr<comm::Ticket>>& tickets);
   void end_round();
+  // ---- on one node, through the node-shared gradient slots (overlap_slots.cpp) ----
+  // The node's slots with their per-bucket counters, or null (the MPI path).
+  const NodeGradSlots* slots() const;
+  // This rank's part of the slots' counters: a new round (open_round), a bucket written into
+  // this rank's slot (its reduction may start on every rank), its own piece summed on the
+  // thread, and the wait for every rank's sums of every bucket.
+  void count_slot_round();
+  void hand_over_slot_bucket(int bucket);
+  void run_bucket_on_slots(int bucket, uint64_t target);
+  void wait_slots_reduced();
+  uint64_t slot_target() const;
 
   std::shared_ptr<comm::CommThread> thread_;
   const DeviceContext& dev_;
@@ -174,6 +191,9 @@ class OverlapEngine {
   std::vector<void*> reduced_events_;
   std::vector<void*> gathered_events_;
   std::vector<void*> staging_events_;
+  // The slots' rounds since the layout (and its zeroed counters) came: the counters' target.
+  uint64_t slot_rounds_ = 0;
+  uint64_t slot_layout_ = 0;
 };
 
 }  // namespace optim

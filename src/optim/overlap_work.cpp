@@ -86,6 +86,8 @@ void OverlapEngine::update_and_gather(const std::function<void(int64_t, int64_t)
     std::vector<std::shared_ptr<comm::Ticket>> pending = reductions_;
     reductions_.clear();
     wait_tickets(pending);
+    // On the slots: every rank's sums are in before the next round's backward writes a slot.
+    if (slots() != nullptr) wait_slots_reduced();
     if (gathers_per_bucket()) return;  // each bucket was gathered after its update
   } else {
     update(0, shard_.own_shard().numel);

@@ -188,14 +188,18 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
       if (!params[i].trainable) tail += params[i].numel;
     }
     core::FlatBuffer next_params = new_param_buffer(tail);
-    // Stage 2 keeps no whole-model gradient buffer: gradients arrive through reduce_gradient()
-    // (into a node-shared slot on one node).
-    core::FlatBuffer next_grads = stage2() ? dev_.new_buffer(0, dt) : new_grad_buffer(tail, next_params.borrowed(), next_slots);
-    // (With config.overlap the overlap engine stages stage 2's hand-over itself, through MPI.)
-    const bool hand_over_on_node = stage2() && config_.overlap == OverlapPolicy::off;
-    if (hand_over_on_node) next_hand_over_slot = map_grad_slots(next.buffer_numel, next_params.borrowed(), next_slots);
+    // Stage 2 keeps no whole-model gradient buffer of its own, except on one node: there the
+    // rank's node-shared slot is its gradient buffer as at stage 1 (grad_view() writes it, or
+    // reduce_gradient() copies into it), and the owners sum their shards over the slots.
+    // With config.overlap the slots carry a counter pair per overlap bucket.
+    const int64_t buckets = config_.overlap == OverlapPolicy::off
+                                ? 0
+                                : (next.buffer_numel + bucket_elements(config_, dt) - 1) / bucket_elements(config_, dt);
+    core::FlatBuffer next_grads = stage2() ? map_grad_slots(tail, next_params.borrowed(), next_slots, buckets)
+                                           : new_grad_buffer(tail, next_params.borrowed(), next_slots, buckets);
     fill_params(next_params, next, next_offset, initial, first_new);
-    if (!stage2()) {
+    // Gradients written through views survive the layout change, as at stage 1.
+    if (next_grads.numel() > 0 && flat_grads_.numel() > 0) {
       for (std::size_t i = 0; i < std::min(params.size(), view_offset_.size()); ++i) {
         const std::size_t bytes = span_bytes(params[i].numel, dt);
         if (bytes != 0) dev_.copy_bytes(next_grads.at(next_offset[i]), flat_grads_.at(view_offset_[i]), bytes);
@@ -209,7 +213,7 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   } else {
     sync_staging_ = sharded() ? new_param_buffer(next.buffer_numel) : dev_.new_buffer(0, dt);
     const bool hand_over_on_node = config_.overlap == OverlapPolicy::off;
-    if (hand_over_on_node) next_hand_over_slot = map_grad_slots(next.buffer_numel, sync_staging_.borrowed(), next_slots);
+    if (hand_over_on_node) next_hand_over_slot = map_grad_slots(next.buffer_numel, sync_staging_.borrowed(), next_slots, 0);
     const bool staged = dev_.world() > 1 && !stage2() && next_slots.slots.empty();
     grad_staging_ = dev_.new_buffer(staged ? std::min(next.trainable_numel, bucket_elements(config_, dt)) : 0, dt);
   }
@@ -259,22 +263,31 @@ core::FlatBuffer ShardState::new_param_buffer(int64_t numel) {
   return dev_.new_buffer(numel, dt);
 }
 
-core::FlatBuffer ShardState::new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots) {
-  core::FlatBuffer slot = map_grad_slots(numel, params_shared, slots);
+core::FlatBuffer ShardState::new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots,
+                                             int64_t buckets) {
+  core::FlatBuffer slot = map_grad_slots(numel, params_shared, slots, buckets);
   return slots.slots.empty() ? dev_.new_buffer(numel, dtype()) : std::move(slot);
 }
 
-core::FlatBuffer ShardState::map_grad_slots(int64_t numel, bool params_shared, NodeGradSlots& slots) {
+core::FlatBuffer ShardState::map_grad_slots(int64_t numel, bool params_shared, NodeGradSlots& slots, int64_t buckets) {
   const DType dt = dtype();
   // Across nodes the reduction stays MPI's (one buffer per rank); decided alike on every rank.
   if (!params_shared || !nodes_ || nodes_->nodes != 1 || numel <= 0) return dev_.new_buffer(0, dt);
   Communicator& node = *nodes_->node;
   const std::size_t slot_bytes = core::FlatBuffer::allocation_bytes(numel, dt);
   std::string why_not;
-  comm::NodeSharedBuffer mapped = comm::map_node_shared(node, slot_bytes * static_cast<std::size_t>(node.size()), why_not);
+  const std::size_t all_slots = slot_bytes * static_cast<std::size_t>(node.size());
+  // After the slots: two counters per bucket (see NodeGradSlots), zero-filled by the mapping.
+  const std::size_t counter_bytes = 2 * sizeof(uint64_t) * static_cast<std::size_t>(buckets);
+  comm::NodeSharedBuffer mapped = comm::map_node_shared(node, all_slots + counter_bytes, why_not);
   // The node is the world here, and map_node_shared fails on all of its ranks or on none.
   if (mapped.data == nullptr) return dev_.new_buffer(0, dt);
   slots.node = nodes_->node;
+  if (buckets > 0) {
+    slots.handed = reinterpret_cast<uint64_t*>(static_cast<char*>(mapped.data) + all_slots);
+    slots.reduced = slots.handed + buckets;
+    slots.buckets = buckets;
+  }
   for (int r = 0; r < node.size(); ++r) {
     slots.slots.push_back(static_cast<char*>(mapped.data) + slot_bytes * static_cast<std::size_t>(r));
   }
@@ -324,7 +337,7 @@ void* ShardState::param_ptr(std::size_t i) const {
 
 void* ShardState::grad_ptr(std::size_t i) const {
   if (!bucket_view()) return table_.params()[i].user_grad;
-  return stage2() ? nullptr : static_cast<void*>(flat_grads_.at(view_offset_[i]));
+  return stage2() && flat_grads_.numel() == 0 ? nullptr : static_cast<void*>(flat_grads_.at(view_offset_[i]));
 }
 
 void ShardState::refresh_runs() {

@@ -92,12 +92,19 @@ partition::Strategy strategy_of(const OptimizerConfig& config);
 
 // Node-shared parameters on one node: every rank's gradients in one node-shared mapping, a slot
 // per rank, so the reduction sums each shard over the slots in memory (grad_reducer.cpp) instead
-// of through MPI. Stage 1 with bucket view: a rank's flat_grads() is its slot. Stage 2 (either
-// storage) and external storage at stage 1: each gradient is copied into the rank's slot
-// (hand_over_slot()) first.
+// of through MPI. Bucket view (stage 1, and stage 2 without overlap): a rank's flat_grads() is
+// its slot. External storage: each gradient is copied into the rank's slot (hand_over_slot())
+// first.
 struct NodeGradSlots {
   std::shared_ptr<Communicator> node;  // the node's ranks: the world
-  std::vector<char*> slots;            // by node rank: buffer_numel (+ frozen elements at stage 1)
+  std::vector<char*> slots;            // by node rank: buffer_numel (+ frozen elements, bucket view)
+  // config.overlap: per overlap bucket, in the same mapping, counters that only grow (atomics,
+  // never reset while the layout lasts): `handed` counts the node's ranks that have written the
+  // bucket into their slot, `reduced` those that have summed their piece of it; after round k
+  // (from 1) both reach k x node size. Null without overlap.
+  uint64_t* handed = nullptr;
+  uint64_t* reduced = nullptr;
+  int64_t buckets = 0;
 };
 
 // Elements in one collective of the gradient reduction, the parameter sync and the state
@@ -159,9 +166,15 @@ class ShardState {
   const core::FlatBuffer& sync_staging() const { return sync_staging_; }
   const core::FlatBuffer& grad_staging() const { return grad_staging_; }
   const core::FlatBuffer& shard_grads() const { return shard_grads_; }
-  // Stage 2 or external storage, on one node with node-shared parameters: this rank's gradient
-  // slot (layout positions [0, buffer_numel)); empty otherwise.
+  // External storage on one node with node-shared parameters: this rank's gradient slot (layout
+  // positions [0, buffer_numel)); empty otherwise.
   const core::FlatBuffer& hand_over_slot() const { return hand_over_slot_; }
+  // Stage 2 with bucket view on one node: the rank's node-shared slot is its gradient buffer
+  // (flat_grads(), grad_view()), as at stage 1; the hand-over writes into it (with or without
+  // config.overlap).
+  bool stage2_grad_views() const { return stage2() && bucket_view() && flat_grads_.numel() > 0; }
+  // Where this rank's gradients are summed from on one node (see NodeGradSlots).
+  const core::FlatBuffer& own_grad_slot() const { return bucket_view() ? flat_grads_ : hand_over_slot_; }
   const StateBuffers& state() const { return state_; }
   float* state_data(std::size_t kind) const { return state_[kind].data(); }
   // remainder16 groups: the 16-bit master remainders over this rank's shard (2 bytes per shard
@@ -219,11 +232,12 @@ class ShardState {
   // Collective over the node when `params_shared`: the bucket-view gradient buffer, a slot of
   // the node's shared mapping (filling `slots`) where every rank is on one node and the memory
   // could be mapped, else this rank's own.
-  core::FlatBuffer new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots);
+  core::FlatBuffer new_grad_buffer(int64_t numel, bool params_shared, NodeGradSlots& slots, int64_t buckets);
   // Collective over the node when `params_shared`: this rank's slot of a node-shared mapping of
   // a slot per rank (filling `slots`) where every rank is on one node and the memory could be
-  // mapped; an empty buffer otherwise (decided alike on every rank).
-  core::FlatBuffer map_grad_slots(int64_t numel, bool params_shared, NodeGradSlots& slots);
+  // mapped; an empty buffer otherwise (decided alike on every rank). `buckets`: the counter
+// pairs of config.overlap's buckets mapped after the slots (0: none).
+  core::FlatBuffer map_grad_slots(int64_t numel, bool params_shared, NodeGradSlots& slots, int64_t buckets);
   // Fills the new bucket-view parameter buffer from the old one or the initial values. With a
   // node-shared buffer each element is written once per node: by its owner when the owner is on
   // this node, else by the node's first rank (rebuild() ends with the node's barrier).
@@ -247,12 +261,12 @@ class ShardState {
   bool remainders_in_use_ = false;     // the same on every rank, even where a shard is empty
   bool masters_materialised_ = false;  // state_[kMaster] is materialise_masters()'s copy
   core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params
-  core::FlatBuffer flat_grads_;    // bucket view, stage 1: same offsets as flat_params_
+  core::FlatBuffer flat_grads_;    // bucket view, stage 1 (stage 2 on one node): as flat_params_
   NodeGradSlots grad_slots_;       // where flat_grads_ is this rank's slot of the node's
   core::FlatBuffer sync_staging_;  // external: the rank-ordered shards, for the param sync
   core::FlatBuffer grad_staging_;  // external, stage 1: one bucket for reduce_gradients
   core::FlatBuffer shard_grads_;   // stage 2: this rank's shard of the averaged gradients
-  core::FlatBuffer hand_over_slot_;  // stage 2 / external on one node: this rank's slot
+  core::FlatBuffer hand_over_slot_;  // external on one node: this rank's slot
   std::vector<int64_t> view_offset_;  // bucket view: each param's place in flat_params_
   std::shared_ptr<const comm::NodeTopology> nodes_;  // discovered at the first shared buffer
   bool nodes_known_ = false;

@@ -142,9 +142,11 @@ TensorRef ZeroOptimizer::param_view(ParamId id) const {
 
 TensorRef ZeroOptimizer::grad_view(ParamId id) const {
   const ParamRecord& p = impl_->table.param(id);
-  SHARDOPT_CHECK(!(impl_->shard.stage2() && impl_->shard.bucket_view()), invalid_argument,
-                 "grad_view('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients; hand each "
-                 "gradient with reduce_gradient() instead",
+  const optim::ShardState& shard = impl_->shard;
+  SHARDOPT_CHECK(!(shard.stage2() && shard.bucket_view()) || shard.stage2_grad_views(), invalid_argument,
+                 "grad_view('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients (a whole "
+                 "gradient buffer only on one node, with node-shared parameters); "
+                 "hand each gradient with reduce_gradient() instead",
                  p.name);
   return TensorRef{impl_->shard.grad_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};
 }
@@ -169,7 +171,7 @@ void ZeroOptimizer::zero_grad() {
   const device::ScopedDevice scope(im.dev.device());
   // Stage 2 owns only the shard's averaged gradients (external buffers are the caller's too).
   im.dev.zero_bytes(im.shard.shard_grads().raw(), static_cast<std::size_t>(im.shard.shard_grads().bytes()));
-  if (im.shard.stage2() && im.shard.bucket_view()) return;
+  if (im.shard.stage2() && im.shard.bucket_view() && !im.shard.stage2_grad_views()) return;
   if (im.dev.on_device() && im.shard.bucket_view()) {
     // One fill of the whole flat gradient buffer instead of a launch per parameter: it holds
     // exactly the parameters' gradients and zero padding.

@@ -62,9 +62,10 @@ void ZeroOptimizer::grad_ready(ParamId id) try {
                  "grad_ready('{}'): for gradients written into grad_view() (bucket view); with external storage "
                  "reduce_gradients() reads the registered gradient buffers",
                  name);
-  SHARDOPT_CHECK(!im.shard.stage2(), invalid_argument,
-                 "grad_ready('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients; hand each "
-                 "gradient with reduce_gradient()",
+  SHARDOPT_CHECK(!im.shard.stage2() || im.shard.stage2_grad_views(), invalid_argument,
+                 "grad_ready('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients (a whole "
+                 "gradient buffer only on one node, with node-shared parameters); hand "
+                 "each gradient with reduce_gradient()",
                  name);
   if (!im.overlap.enabled()) return;  // reduce_gradients() reads every gradient in place
   if (!im.overlap.round_open()) optim::open_overlapped_round(im, "reduce_gradient", true);

@@ -98,6 +98,14 @@ void SumPool::give(ParamSum& sum) {
   sum.rows = {};
 }
 
+int64_t SumPool::bytes() const {
+  int64_t total = 0;
+  for (const auto& s : slots_) total += s.second * static_cast<int64_t>(sizeof(int32_t));
+  for (const auto& v : values_) total += static_cast<int64_t>(v.capacity() * sizeof(float));
+  for (const auto& r : rows_) total += static_cast<int64_t>(r.capacity() * sizeof(int64_t));
+  return total;
+}
+
 int64_t ParamSum::bytes() const {
   // The rows index counts as the pages its pushed rows touched, at most.
   return static_cast<int64_t>(values.size() * sizeof(float) + rows.size() * (sizeof(int64_t) + sizeof(int32_t)));

@@ -76,6 +76,7 @@ class SumPool {
   std::vector<float> take_values();    // empty, with the capacity it had
   std::vector<int64_t> take_rows();
   void give(ParamSum& sum);            // takes its buffers (the row table's pushed rows cleared)
+  int64_t bytes() const;               // what the kept buffers hold (their capacity)
 
  private:
   std::vector<std::pair<int32_t*, int64_t>> slots_;
@@ -111,6 +112,8 @@ class OwnerStore {
   // Elements [offset, offset + count) of `param` (global element offsets) / the rows named.
   void read(int32_t param, int64_t offset, int64_t count, float* out);
   void read_rows(int32_t param, const int64_t* rows, int64_t count, float* out);
+  // Bytes of applied contexts' buffers kept for the next contexts (no side effects).
+  int64_t pooled_bytes() const { return pool_.bytes(); }
 
  private:
   OwnedSlice& checked_slice(int32_t param, const char* what);

@@ -363,9 +363,11 @@ void Service::housekeeping() {
 void Service::update_memory_stats() {
   int64_t bytes = 0;
   for (const auto& c : contexts_) bytes += c.second.bytes();
+  // The pool changes on this thread alone (contexts end here), so it is read without the store's lock.
   std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.open_contexts = static_cast<int64_t>(contexts_.size());
   stats_.accumulator_bytes = bytes;
+  stats_.pooled_bytes = store_.pooled_bytes();
 }
 
 bool Service::all_trainers_done() const {

@@ -1,4 +1,5 @@
 // tests/mpi/test_node_reduce_stage2.cpp — stage 2 (bucket view and external storage) and external storage at stage 1, on one node through the node-shared gradient slots: steps bitwise stage 1's through the slots, and MPI's where that matched before.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -14,9 +15,15 @@ namespace {
 
 const std::vector<int64_t> kSizes = {1000, 3, 517, 64, 2049, 1};
 
+// How a stage-2 bucket-view run gives its gradients: handed with reduce_gradient() from the
+// caller's buffers, written through grad_view() and read in place by reduce_gradients(), or
+// written through grad_view() and handed from there (no copy).
+enum class Grads { handed, views_in_place, views_handed };
+
 struct Run {
   int stage = 1;
   Storage storage = Storage::bucket_view;
+  Grads grads_by = Grads::handed;
   std::vector<std::vector<uint8_t>> params, grads;  // external storage: the caller's buffers
   std::unique_ptr<ZeroOptimizer> opt;
 };
@@ -85,6 +92,10 @@ void train_round(Run& run, DType dtype, int rank, uint32_t round) {
     std::vector<uint8_t> g = gradient(dtype, rank, round, id);
     if (run.storage == Storage::external) {
       run.grads[static_cast<std::size_t>(id)] = g;  // same size: the registered buffer stays put
+    } else if (run.stage == 2 && run.grads_by != Grads::handed) {
+      const TensorRef view = opt.grad_view(id);
+      std::memcpy(view.data, g.data(), g.size());
+      if (run.grads_by == Grads::views_handed) opt.reduce_gradient(id, view);
     } else if (run.stage == 2) {
       opt.reduce_gradient(id, TensorRef{g.data(), kSizes[static_cast<std::size_t>(id)], dtype, Device::cpu()});
     } else {
@@ -125,8 +136,11 @@ TEST_CASE("stage 2 and external storage on one node stage their hand-over in a n
       const int n = comm->size();
       const bool one_node = n > 1 && (per_node == 0 || n <= per_node);
       const int64_t trainable_bytes = shared.opt->memory_report().trainable_numel * 4;
-      // The slot holds every trainable element; the MPI path's staging stays at a few buckets.
-      CHECK((shared.opt->memory_report().buffer_bytes >= trainable_bytes) == one_node);
+      // External storage: the slot holds every trainable element; the MPI path's staging stays
+      // at a few buckets. Stage 2 with bucket view: the slot is the gradient buffer itself (see
+      // the grad views case), no staging.
+      if (storage == Storage::external) CHECK((shared.opt->memory_report().buffer_bytes >= trainable_bytes) == one_node);
+      if (storage == Storage::bucket_view && one_node) CHECK(shared.opt->memory_report().buffer_bytes == 0);
       // (External storage's own sync staging is a whole buffer; bucket view's MPI staging is not.)
       if (storage == Storage::bucket_view) CHECK(own.opt->memory_report().buffer_bytes < trainable_bytes);
       // External stage 2 as well (its buffers are the same as stage 1's external ones).
@@ -174,5 +188,92 @@ TEST_CASE("stage 2 and external storage through the node's slots step bitwise as
         }
       }
     }
+  }
+}
+
+TEST_CASE("stage 2 with bucket view on one node: the backward writes its node-shared slot through grad_view, no "
+          "hand-over copy and no buffer beside the gradients; refused by name across nodes and at one rank",
+          "[node_sharing][node_reduce]") {
+  const int n = world()->size();
+  for (int per_node : {0, 2}) {
+    CAPTURE(per_node);
+    const std::shared_ptr<Communicator> comm = world_with_nodes_of(per_node);
+    const bool one_node = n > 1 && (per_node == 0 || n <= per_node);
+    Run stage1 = build(comm, DType::f32, PartitionStrategy::flat, 1, Storage::bucket_view, true);
+    Run views = build(comm, DType::f32, PartitionStrategy::flat, 2, Storage::bucket_view, true);
+    Run own = build(comm, DType::f32, PartitionStrategy::flat, 2, Storage::bucket_view, false);
+    const MemoryReport m1 = stage1.opt->memory_report();
+    const MemoryReport m2 = views.opt->memory_report();
+    const MemoryReport mine = own.opt->memory_report();
+    if (!one_node) {
+      // Every rank refuses alike, naming where the views exist.
+      try {
+        views.opt->grad_view(0);
+        FAIL("grad_view at stage 2 was not refused");
+      } catch (const Error& e) {
+        CHECK(e.code() == ErrorCode::invalid_argument);
+        CHECK(std::string(e.what()).find("a whole gradient buffer only on one node, with node-shared parameters") !=
+              std::string::npos);
+      }
+      CHECK(m2.grad_bytes == mine.grad_bytes);
+      continue;
+    }
+    // Exactly stage 1's gradient slot plus the shard's averaged gradients, and nothing beside.
+    CHECK(m2.grad_bytes == m1.grad_bytes + mine.grad_bytes);
+    CHECK(m2.buffer_bytes == 0);
+    CHECK(m1.buffer_bytes == 0);
+    // The view is the slot: stage 1's view of the same param sits at the same offset of its own slot.
+    CHECK(views.opt->grad_view(4).numel == kSizes[4]);
+    CHECK(static_cast<char*>(views.opt->grad_view(4).data) - static_cast<char*>(views.opt->grad_view(0).data) ==
+          static_cast<char*>(stage1.opt->grad_view(4).data) - static_cast<char*>(stage1.opt->grad_view(0).data));
+    // zero_grad() clears the slot, as at stage 1.
+    std::memset(views.opt->grad_view(2).data, 0x3f, static_cast<std::size_t>(kSizes[2]) * 4);
+    views.opt->zero_grad();
+    const auto* cleared = static_cast<const uint8_t*>(views.opt->grad_view(2).data);
+    CHECK(std::all_of(cleared, cleared + kSizes[2] * 4, [](uint8_t b) { return b == 0; }));
+  }
+}
+
+TEST_CASE("stage 2 through grad_view (read in place, or handed from the view) steps bitwise as stage 1 and as the "
+          "hand-over copy; mixing the two ways across ranks is a named mismatch on every rank",
+          "[node_sharing][node_reduce]") {
+  const int n = world()->size();
+  if (n < 2) return;  // one rank: no node sharing, so no stage-2 views (the case above checks the refusal)
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (PartitionStrategy partition : {PartitionStrategy::flat, PartitionStrategy::sorted_greedy}) {
+      CAPTURE(static_cast<int>(dtype), static_cast<int>(partition));
+      const std::shared_ptr<Communicator> comm = world_with_nodes_of(0);
+      Run stage1 = build(comm, dtype, partition, 1, Storage::bucket_view, true);
+      Run handed = build(comm, dtype, partition, 2, Storage::bucket_view, true);
+      Run in_place = build(comm, dtype, partition, 2, Storage::bucket_view, true);
+      in_place.grads_by = Grads::views_in_place;
+      Run from_view = build(comm, dtype, partition, 2, Storage::bucket_view, true);
+      from_view.grads_by = Grads::views_handed;
+      const std::vector<Run*> runs = {&stage1, &handed, &in_place, &from_view};
+      for (uint32_t round = 1; round <= 4; ++round) {
+        if (round == 4) {
+          for (Run* run : runs) run->opt->set_trainable(2, false);
+        }
+        for (Run* run : runs) train_round(*run, dtype, comm->rank(), round);
+        const std::vector<uint8_t> expected = param_bytes(stage1);
+        REQUIRE(param_bytes(handed) == expected);
+        REQUIRE(param_bytes(in_place) == expected);
+        REQUIRE(param_bytes(from_view) == expected);
+      }
+    }
+  }
+  // Rank 0 hands every gradient, the others read theirs in place: refused on every rank (the
+  // first hand-over's agreement meets the others' reduce_gradients()).
+  const std::shared_ptr<Communicator> comm = world_with_nodes_of(0);
+  Run mixed = build(comm, DType::f32, PartitionStrategy::flat, 2, Storage::bucket_view, true);
+  mixed.grads_by = comm->rank() == 0 ? Grads::views_handed : Grads::views_in_place;
+  try {
+    train_round(mixed, DType::f32, comm->rank(), 1);
+    FAIL("a round handed on one rank and read in place on another was not refused");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::mismatch);
+    CAPTURE(e.what());
+    CHECK(std::string(e.what()).find("ranks are in different calls: rank 0 is in reduce_gradient(), rank 1 is in "
+                                     "reduce_gradients()") != std::string::npos);
   }
 }

@@ -124,11 +124,12 @@ void check_same_as_private(const std::shared_ptr<Communicator>& comm, const Setu
   CHECK(orep.node_ranks == 1);
   // What is shared: the parameters (bucket view) or the sync's staging (external storage,
   // counted in buffer_bytes with the gradient staging when private).
-  // Stage 2 and external storage, with every rank on one node, also copy the gradients into a
-  // node-shared slot per rank (buffer_bytes): the trainable elements and the shards' alignment
-  // padding (16 each); external storage at stage 1 then needs no private staging bucket
-  // (bucket_bytes 1024 here).
-  const bool slot = shares && (s.stage == 2 || s.external) && (per_node == 0 || comm->size() <= per_node);
+  // External storage, with every rank on one node, also copies the gradients into a node-shared
+  // slot per rank (buffer_bytes): the trainable elements and the shards' alignment padding (16
+  // each); at stage 1 it then needs no private staging bucket (bucket_bytes 1024 here). Stage 2
+  // with bucket view on one node keeps the same slot as its gradient buffer (grad_bytes, below).
+  const bool one_node = shares && (per_node == 0 || comm->size() <= per_node);
+  const bool slot = one_node && s.external;
   const int64_t extra = sr.param_bytes + sr.buffer_bytes + sr.node_shared_param_bytes - (orep.param_bytes + orep.buffer_bytes);
   const int64_t element = static_cast<int64_t>(dtype_size(s.dtype));
   if (slot) {
@@ -137,6 +138,13 @@ void check_same_as_private(const std::shared_ptr<Communicator>& comm, const Setu
     CHECK(extra <= (sr.trainable_numel + 16 * comm->size()) * element - private_staging);
   } else {
     CHECK(extra == 0);
+  }
+  const int64_t extra_grads = sr.grad_bytes - orep.grad_bytes;
+  if (one_node && s.stage == 2 && !s.external) {
+    CHECK(extra_grads >= sr.trainable_numel * element);
+    CHECK(extra_grads <= (sr.trainable_numel + 16 * comm->size()) * element);
+  } else {
+    CHECK(extra_grads == 0);
   }
   if (shares) {
     CHECK(sr.node_shared_param_bytes > 0);

@@ -64,8 +64,9 @@ TEST_CASE("node-shared parameters with overlap step bitwise as without, on even 
           "[node_sharing][overlap]") {
   world()->barrier();
   const std::set<std::string> before = segments_of_this_job();
-  // 2 ranks per node: uneven nodes at 3 ranks; 3: uneven at 2 and 4 ranks.
-  for (int per_node : {2, 3}) {
+  // 0: one node (the gradient slots); 2 ranks per node: uneven nodes at 3 ranks; 3: uneven at
+  // 2 and 4 ranks.
+  for (int per_node : {0, 2, 3}) {
     for (int stage : {1, 2}) {
       for (OverlapPolicy overlap : {OverlapPolicy::after_backward, OverlapPolicy::per_bucket}) {
         INFO("ranks_per_node " << per_node << ", stage " << stage << ", " << overlap_policy_name(overlap));

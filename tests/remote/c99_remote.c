@@ -1,4 +1,5 @@
-/* tests/remote/c99_remote.c — the remote optimizer's C ABI from C99: rank 0 owns a table, every rank pushes two rows and steps in deterministic order; the pulled table must hold the exact sums; a bad handle and an out-of-range row fail by name. Prints "C99-REMOTE ok". */
+/* tests/remote/c99_remote.c — the remote optimizer's C ABI from C99: rank 0 owns a table, every rank pushes two rows and steps in deterministic order; the pulled table must hold the exact sums; a bad handle and an out-of-range row fail by name; the owner's stats count the contexts and the pooled buffers (the struct before pooled_bytes still accepted, unwritten past it). Prints "C99-REMOTE ok". */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,6 +24,7 @@ int main(void) {
   shardopt_remote_t remote = NULL;
   shardopt_remote_param table, bad;
   shardopt_remote_step_t step = NULL;
+  shardopt_remote_stats stats;
   float values[8], pulled[32];
   int64_t rows[2] = {1, 3}, out_of_range[1] = {8}, context = 0;
   int rank = 0, size = 1, i, ok = 1;
@@ -80,6 +82,32 @@ int main(void) {
     }
   }
   CHECK(shardopt_remote_close(remote));
+  /* After close the owner's counts are final: one context per trainer applied, none open, and
+     the applied sparse sums' buffers kept for reuse (at least the 8-row index, bounded). */
+  memset(&stats, 0, sizeof stats);
+  stats.struct_size = sizeof stats;
+  CHECK(shardopt_remote_get_stats(remote, &stats));
+  if (rank == 0 && (stats.contexts_applied != size || stats.open_contexts != 0 || stats.accumulator_bytes != 0 ||
+                    stats.pooled_bytes < 8 * 4 || stats.pooled_bytes > 4096)) {
+    fprintf(stderr, "owner stats: applied %lld open %lld accumulator %lld pooled %lld\n",
+            (long long)stats.contexts_applied, (long long)stats.open_contexts, (long long)stats.accumulator_bytes,
+            (long long)stats.pooled_bytes);
+    ok = 0;
+  }
+  memset(&stats, 0, sizeof stats);
+  stats.struct_size = offsetof(shardopt_remote_stats, pooled_bytes);
+  stats.pooled_bytes = -7;
+  CHECK(shardopt_remote_get_stats(remote, &stats));
+  if (stats.pooled_bytes != -7) {
+    fprintf(stderr, "the struct before pooled_bytes had it written: %lld\n", (long long)stats.pooled_bytes);
+    ok = 0;
+  }
+  stats.struct_size = sizeof stats - 4;
+  if (shardopt_remote_get_stats(remote, &stats) != SHARDOPT_ERR_STRUCT_SIZE ||
+      strstr(shardopt_last_error(), "shardopt_remote_stats") == NULL) {
+    fprintf(stderr, "a struct size between the accepted ones was not refused by name: %s\n", shardopt_last_error());
+    ok = 0;
+  }
   CHECK(shardopt_remote_destroy(remote));
   CHECK(shardopt_comm_destroy(comm));
   printf("C99-REMOTE %s rank %d\n", ok ? "ok" : "FAILED", rank);

@@ -114,6 +114,7 @@ class MpiBackend final : public CommBackend {
   bool cuda_aware() const override { return cuda_aware_; }
   void* cuda_stream() const override { return nullptr; }
   void require_serialized_calls() const override { require_serialized_thread_level(); }
+  double timeout_seconds() const override { return state_->options().timeout_seconds; }
   MPI_Comm mpi_comm() const { return state_->comm(); }
 
   void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
