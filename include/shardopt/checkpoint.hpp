@@ -20,10 +20,25 @@ namespace shardopt {
 // torch.optim's per-parameter state: "step" plus the tensors its group's algorithm keeps
 // ("exp_avg", "exp_avg_sq", "max_exp_avg_sq" for Adam/AdamW, "momentum_buffer" for SGD and
 // Muon), each as many fp32 elements as the parameter.
+// An 8-bit moment (state_precision = q8) as torchao's OptimState8bit holds it: `codes`, one
+// byte per element of the parameter, index into the dynamic map (signed for "exp_avg",
+// unsigned for "exp_avg_sq": q8_map()), and `scale`, the absmax of each block of 256 elements
+// (bitsandbytes' blocks: the last may be partial). Element e is map[codes[e]] * scale[e / 256].
+struct Q8State {
+  std::vector<uint8_t> codes;
+  std::vector<float> scale;
+};
+
 struct ParamState {
   int64_t step = 0;
   std::map<std::string, std::vector<float>> tensors;
+  // Params with 8-bit moments: "exp_avg" and "exp_avg_sq" are here instead of in `tensors`.
+  std::map<std::string, Q8State> q8;
 };
+
+// The 256 entries of bitsandbytes' dynamic quantisation map that 8-bit moments index:
+// signed (exp_avg) or unsigned (exp_avg_sq), torchao's OptimState8bit `qmap`.
+SHARDOPT_API std::vector<float> q8_map(bool is_signed);
 
 struct ParamGroupState {
   Hyperparams hyper;

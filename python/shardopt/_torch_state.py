@@ -21,7 +21,9 @@ def to_torch(shardopt_dict, params, param_groups, algorithm):
         if algorithm != Algorithm.sgd:
             out["step"] = torch.tensor(float(step))
         for key in STATE_KEYS[algorithm]:
-            if key in entry:
+            if key in entry and isinstance(entry[key], dict):
+                out[key] = q8_to_torch(entry[key], p)
+            elif key in entry:
                 out[key] = torch.from_numpy(np.array(entry[key], dtype=np.float32)).reshape(p.shape).to(p.device)
         if algorithm == Algorithm.sgd and "momentum_buffer" not in out:
             out["momentum_buffer"] = None  # stepped with momentum 0, as torch.optim.SGD records it
@@ -64,6 +66,9 @@ def from_torch(torch_dict, params, param_groups, names, algorithm):
                 raise ValueError(f"load_state_dict: state '{key}' of parameter {saved_id} is not {algorithm.name}'s")
             if value is None:
                 continue  # SGD's momentum_buffer before momentum was used
+            if is_q8(value):
+                out[key] = q8_from_torch(value, key, saved_id, p)
+                continue
             if value.numel() != p.numel():
                 raise ValueError(
                     f"load_state_dict: '{key}' of parameter {saved_id} has {value.numel()} elements, "
@@ -95,3 +100,46 @@ def getattr_hyper(h, key):
     if key == "betas":
         return (h.beta1, h.beta2)
     return getattr(h, key)
+
+
+# 8-bit moments (state_precision="q8") travel as torchao's OptimState8bit holds them: codes
+# (uint8, the parameter's shape), scale (float32, the absmax of each block of 256 elements),
+# qmap (the 256-entry dynamic map) and signed (exp_avg signed, exp_avg_sq unsigned).
+Q8_FIELDS = ("codes", "scale", "qmap", "signed")
+
+
+def is_q8(value):
+    """An OptimState8bit (or anything with its attributes), or a dict of its fields."""
+    if isinstance(value, dict):
+        return all(k in value for k in Q8_FIELDS)
+    return all(hasattr(value, k) for k in Q8_FIELDS)
+
+
+def q8_to_torch(fields, p):
+    """torchao's OptimState8bit where torchao is importable and the blocks are whole (it derives
+    its block size as codes.numel() // scale.numel()); otherwise a dict of the same fields."""
+    codes = torch.from_numpy(np.array(fields["codes"], dtype=np.uint8)).reshape(p.shape).to(p.device)
+    scale = torch.from_numpy(np.array(fields["scale"], dtype=np.float32)).to(p.device)
+    qmap = torch.from_numpy(np.array(fields["qmap"], dtype=np.float32)).to(p.device)
+    signed = bool(fields["signed"])
+    if p.numel() % 256 == 0:
+        try:
+            from torchao.optim.subclass_8bit import OptimState8bit
+        except ImportError:
+            OptimState8bit = None
+        if OptimState8bit is not None:
+            return OptimState8bit(codes, scale, qmap, signed)
+    return {"codes": codes, "scale": scale, "qmap": qmap, "signed": signed}
+
+
+def q8_from_torch(value, key, saved_id, p):
+    """shardopt's fields (flat numpy arrays) of an OptimState8bit or a dict of its fields."""
+    get = (lambda k: value[k]) if isinstance(value, dict) else (lambda k: getattr(value, k))
+    codes = get("codes")
+    if codes.numel() != p.numel():
+        raise ValueError(
+            f"load_state_dict: 8-bit '{key}' of parameter {saved_id} has {codes.numel()} codes, the parameter {p.numel()}"
+        )
+    flat = lambda t, dtype: t.detach().to("cpu", dtype).reshape(-1).contiguous().numpy()
+    return {"codes": flat(codes, torch.uint8), "scale": flat(get("scale"), torch.float32),
+            "qmap": flat(get("qmap"), torch.float32), "signed": bool(get("signed"))}

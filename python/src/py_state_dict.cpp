@@ -5,6 +5,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "shardopt/checkpoint.hpp"
+
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,12 +21,61 @@ namespace shardopt_python {
 using shardopt::Error;
 using shardopt::ErrorCode;
 
+namespace {
+
+nb::object numpy_bytes(const std::vector<uint8_t>& values) {
+  auto* heap = new std::vector<uint8_t>(values);
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  const std::size_t shape[1] = {heap->size()};
+  return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(heap->data(), 1, shape, owner));
+}
+
+// exp_avg holds signed codes, exp_avg_sq unsigned ones (bitsandbytes' and torchao's choice).
+bool signed_moment(const std::string& kind) { return kind == "exp_avg"; }
+
+// An 8-bit moment as torchao's OptimState8bit's attributes: codes, scale, qmap, signed.
+nb::dict q8_to_python(const std::string& kind, const shardopt::Q8State& q) {
+  nb::dict d;
+  d["codes"] = numpy_bytes(q.codes);
+  d["scale"] = numpy_copy(q.scale);
+  d["qmap"] = numpy_copy(shardopt::q8_map(signed_moment(kind)));
+  d["signed"] = signed_moment(kind);
+  return d;
+}
+
+shardopt::Q8State q8_from_python(const std::string& kind, nb::dict d) {
+  shardopt::Q8State q;
+  auto codes = nb::cast<nb::ndarray<const uint8_t, nb::c_contig, nb::device::cpu>>(d["codes"]);
+  auto scale = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(d["scale"]);
+  q.codes.assign(codes.data(), codes.data() + codes.size());
+  q.scale.assign(scale.data(), scale.data() + scale.size());
+  // The codes index shardopt's map: another map (or the other signedness) would decode to other values.
+  const std::vector<float> map = shardopt::q8_map(signed_moment(kind));
+  if (d.contains("signed") && nb::cast<bool>(d["signed"]) != signed_moment(kind)) {
+    throw Error(ErrorCode::invalid_argument, "state dict: 8-bit '" + kind + "' says signed=" +
+                                                 (signed_moment(kind) ? "False" : "True") + "; shardopt's " + kind +
+                                                 " is " + (signed_moment(kind) ? "signed" : "unsigned"));
+  }
+  if (d.contains("qmap")) {
+    auto qmap = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(d["qmap"]);
+    if (qmap.size() != map.size() || !std::equal(map.begin(), map.end(), qmap.data())) {
+      throw Error(ErrorCode::invalid_argument,
+                  "state dict: 8-bit '" + kind + "' has another qmap than bitsandbytes' dynamic map that shardopt's "
+                  "codes index");
+    }
+  }
+  return q;
+}
+
+}  // namespace
+
 nb::dict state_dict_to_python(const shardopt::StateDict& sd) {
   nb::dict state;
   for (const auto& [id, ps] : sd.state) {
     nb::dict entry;
     entry["step"] = ps.step;
     for (const auto& [kind, values] : ps.tensors) entry[kind.c_str()] = numpy_copy(values);
+    for (const auto& [kind, q] : ps.q8) entry[kind.c_str()] = q8_to_python(kind, q);
     state[nb::int_(id)] = entry;
   }
   nb::list groups;
@@ -63,6 +116,10 @@ shardopt::StateDict state_dict_from_python(nb::dict d) {
       const std::string k = nb::cast<std::string>(kind);
       if (k == "step") {
         ps.step = nb::cast<int64_t>(tensor);
+        continue;
+      }
+      if (nb::isinstance<nb::dict>(tensor)) {
+        ps.q8[k] = q8_from_python(k, nb::borrow<nb::dict>(tensor));
         continue;
       }
       auto array = nb::cast<nb::ndarray<const float, nb::c_contig, nb::device::cpu>>(tensor);

@@ -5,7 +5,9 @@
 Every rank runs every test in the same order (the optimizers' calls are collective). Skipped,
 with the reason, where torch cannot be imported.
 """
+import os
 import sys
+import tempfile
 
 try:
     import torch
@@ -79,6 +81,67 @@ def test_q8_moments_shrink_the_state_and_a_group_can_keep_fp32():
     assert q8_report.state_bytes <= plain_report.state_bytes
     if q8_report.shard_numel >= 4096:  # this rank holds a weight: 8-bit moments there
         assert q8_report.state_bytes < plain_report.state_bytes / 3
+
+
+def _share(obj, rank, barrier):
+    """Rank 0's `obj` on every rank, through a file (torch.distributed is not initialised here):
+    rank 0 writes it, `barrier` (a collective call) orders the reads after the write."""
+    path = os.path.join(tempfile.gettempdir(), f"q8_state_dict_{os.environ.get('OMPI_MCA_ess_base_jobid', 'solo')}.pt")
+    if rank == 0:
+        torch.save(obj, path)
+    barrier()
+    shared = torch.load(path)
+    barrier()
+    if rank == 0:
+        os.remove(path)
+    return shared
+
+
+def test_q8_state_dict_holds_torchao_fields_and_loads_back_bitwise():
+    net, reference_net = model(), model()
+    opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2, state_precision="q8")
+    reference = ZeroRedundancyOptimizer(reference_net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2,
+                                        state_precision="q8")
+    train(net, opt, 3)
+    train(reference_net, reference, 6)
+    opt.consolidate_state_dict(0)
+    sd = _share(opt.state_dict() if opt.rank == 0 else None, opt.rank, lambda: reference.consolidate_state_dict(0))
+    for index, p in enumerate(net.parameters()):
+        entry = sd["state"][index]
+        for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
+            value = entry[key]
+            if p.numel() < 4096:  # under min_8bit_size: fp32 moments, as torch's
+                assert torch.is_tensor(value) and value.dtype == torch.float32 and value.shape == p.shape
+                continue
+            # torchao's OptimState8bit's fields (a dict of them without torchao).
+            codes, scale, qmap = (value[k] if isinstance(value, dict) else getattr(value, k)
+                                  for k in ("codes", "scale", "qmap"))
+            assert codes.dtype == torch.uint8 and codes.shape == p.shape
+            assert scale.dtype == torch.float32 and scale.numel() == p.numel() // 256
+            assert qmap.numel() == 256 and bool(value["signed"] if isinstance(value, dict) else value.signed) == signed
+            assert bool((scale > 0).all())
+    # Into a fresh optimizer over the saved run's parameters: it continues as the reference.
+    resumed_net = model()
+    with torch.no_grad():
+        for a, b in zip(resumed_net.parameters(), net.parameters()):
+            a.copy_(b)
+    resumed = ZeroRedundancyOptimizer(resumed_net.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2,
+                                      state_precision="q8")
+    resumed.load_state_dict(sd)
+    for step in range(3, 6):  # train()'s batches from step 3 on
+        resumed.zero_grad()
+        g = torch.Generator().manual_seed(100 + step)
+        resumed_net(torch.randn(16, 64, generator=g)).float().square().mean().backward()
+        resumed.step()
+    assert all(torch.equal(a, b) for a, b in zip(resumed_net.parameters(), reference_net.parameters()))
+    # An fp32-moment optimizer refuses the 8-bit state by name.
+    plain = ZeroRedundancyOptimizer(model().parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+    try:
+        plain.load_state_dict(sd)
+    except shardopt.Error as e:
+        assert "has 8-bit 'exp_avg' in the state dict" in str(e)
+    else:
+        raise AssertionError("8-bit state loaded into fp32 moments")
 
 
 def test_unknown_names_and_unsupported_combinations_are_refused():

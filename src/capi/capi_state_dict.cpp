@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "capi/capi_convert.hpp"
+#include "core/check.hpp"
 
 namespace shardopt {
 namespace capi {
@@ -43,6 +44,12 @@ std::unique_ptr<shardopt_state_dict_s> snapshot(const ZeroOptimizer& opt) {
     }
   }
   for (const auto& [id, state] : dict.state) {
+    // The C ABI copies fp32 state tensors only: a dict without the 8-bit moments would load as
+    // fresh moments, so it is refused rather than handed out incomplete.
+    SHARDOPT_CHECK(state.q8.empty(), unsupported,
+                   "shardopt_optimizer_state_dict: parameter '{}' keeps 8-bit moments (state_precision q8), which "
+                   "the C ABI's state dict does not carry yet; sharded checkpoints (shardopt_optimizer_save) do",
+                   dict.param_names.at(static_cast<std::size_t>(id)));
     for (const auto& kind : state.tensors) handle->kinds.at(id).push_back(kind.first);
   }
   return handle;

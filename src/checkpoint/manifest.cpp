@@ -151,7 +151,7 @@ Manifest manifest_from_json(const nlohmann::json& json, const std::string& path,
   const nlohmann::json& params = array_at(j, "params");
   for (std::size_t i = 0; i < params.size(); ++i) {
     const JsonObject p(params[i], path, fmt::format("params[{}]", i));
-    p.only({"name", "numel", "dtype", "group", "shape", "trainable", "step", "has_momentum_buffer"});
+    p.only({"name", "numel", "dtype", "group", "shape", "trainable", "step", "has_momentum_buffer", "state_precision"});
     ManifestParam r;
     r.name = p.string("name");
     r.numel = p.integer("numel", 0, kMaxElements);
@@ -166,6 +166,12 @@ Manifest manifest_from_json(const nlohmann::json& json, const std::string& path,
     r.trainable = p.boolean("trainable");
     r.step = p.integer("step", 0, INT64_MAX);
     r.has_momentum_buffer = p.boolean("has_momentum_buffer");
+    if (p.has("state_precision")) {
+      const std::string precision = p.string("state_precision");
+      SHARDOPT_CHECK(precision == "q8", corrupt, "'{}': {} is '{}'; a manifest names only \"q8\" there", path,
+                     p.name("state_precision"), precision);
+      r.q8 = true;
+    }
     m.params.push_back(std::move(r));
   }
   const nlohmann::json& files = array_at(j, "files");
@@ -229,10 +235,21 @@ ojson param_to_json(const ManifestParam& p) {
   j["trainable"] = p.trainable;
   j["step"] = p.step;
   j["has_momentum_buffer"] = p.has_momentum_buffer;
+  if (p.q8) j["state_precision"] = "q8";
   return j;
 }
 
 }  // namespace
+
+std::vector<bool> q8_params(const Manifest& manifest) {
+  std::vector<bool> out;
+  for (const ManifestParam& p : manifest.params) out.push_back(p.q8);
+  return out;
+}
+
+bool any_q8(const Manifest& manifest) {
+  return std::any_of(manifest.params.begin(), manifest.params.end(), [](const ManifestParam& p) { return p.q8; });
+}
 
 int64_t Manifest::frozen_numel() const {
   int64_t n = 0;

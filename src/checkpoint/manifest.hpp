@@ -25,7 +25,11 @@ namespace checkpoint {
 
 constexpr int kFormatVersion = 2;
 // The shard files' own layout (and the consolidated export's) did not change with version 2.
+// Shard format 2: a file holding 8-bit moments (ManifestParam::q8) keeps them as U8 codes and
+// F32 absmax tensors, and its f32 moment kinds over its other params only (store.hpp).
+// Files without 8-bit moments stay format 1, byte for byte.
 constexpr int kShardFormatVersion = 1;
+constexpr int kShardFormatVersionQ8 = 2;
 constexpr const char* kManifestName = "manifest.json";
 // Far above any real job; bounds the number of shard files a manifest may list. The most ranks
 // and the largest alignment a layout takes (partition.hpp), so that whatever is saved loads.
@@ -43,6 +47,10 @@ struct ManifestParam {
   int64_t step = 0;
   bool has_momentum_buffer = false;
   std::vector<int64_t> shape{};  // as registered; empty: 1-D (written only when set)
+  // Trainable params of state_precision = q8 groups at or above min_8bit_size: exp_avg and
+  // exp_avg_sq are 8-bit codes and absmax per block in the shard file (shard format 2);
+  // written as "state_precision": "q8" only when set.
+  bool q8 = false;
 };
 
 struct ManifestFile {
@@ -78,6 +86,9 @@ struct Manifest {
 };
 
 const char* strategy_name(partition::Strategy strategy);
+// Per param: whether it keeps 8-bit moments (ManifestParam::q8).
+std::vector<bool> q8_params(const Manifest& manifest);
+bool any_q8(const Manifest& manifest);
 // Group g's algorithm (the manifest's own where group_algorithms does not say).
 Algorithm group_algorithm(const Manifest& manifest, std::size_t g);
 // The partition's view of the saved parameters (optim::layout_info of each).

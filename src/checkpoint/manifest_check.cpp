@@ -6,6 +6,7 @@
 #include "checkpoint/checked_int.hpp"
 #include "checkpoint/manifest.hpp"
 #include "core/check.hpp"
+#include "q8_state.hpp"
 #include "optim/hyperparams.hpp"
 #include "optim/state_kinds.hpp"
 
@@ -56,6 +57,17 @@ void check_params_and_groups(const Manifest& m, const std::string& path) {
       SHARDOPT_CHECK(matrix, corrupt,
                      "'{}': params[{}] '{}' is in a Muon group but has no 2-D shape of {} elements", path, i, p.name,
                      p.numel);
+    }
+    if (p.q8) {
+      // What a q8 save writes (ParamTable::q8_moments): trainable Adam/AdamW params, whole.
+      const Algorithm algorithm = group_algorithm(m, static_cast<std::size_t>(p.group));
+      SHARDOPT_CHECK(p.trainable && (algorithm == Algorithm::adam || algorithm == Algorithm::adamw) &&
+                         p.numel >= kernels::kQ8MinNumel,
+                     corrupt,
+                     "'{}': params[{}] '{}' says state_precision q8, but 8-bit moments are kept only by trainable "
+                     "Adam/AdamW params of at least {} elements (it is {}, {}, {} elements)",
+                     path, i, p.name, kernels::kQ8MinNumel, p.trainable ? "trainable" : "frozen",
+                     algorithm_name(algorithm), p.numel);
     }
     SHARDOPT_CHECK(checked_add(total, p.numel, &total) && total <= kMaxElements, corrupt,
                    "'{}': the parameters hold more than {} elements in all", path, kMaxElements);
@@ -160,6 +172,10 @@ void check_files_and_segments(const Manifest& m, const std::string& path) {
     }
     SHARDOPT_CHECK(next == m.params[i].numel, corrupt, "'{}': the segments of '{}' cover {} of its {} elements", path,
                    m.params[i].name, next, m.params[i].numel);
+    // 8-bit blocks are cut per parameter from its first element: a save never splits one.
+    SHARDOPT_CHECK(!m.params[i].q8 || list.size() == 1, corrupt,
+                   "'{}': '{}' keeps 8-bit moments but lies in {} segments (a save keeps such a parameter whole)",
+                   path, m.params[i].name, list.size());
   }
 }
 

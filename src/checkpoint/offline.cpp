@@ -32,6 +32,15 @@ void copy_range(checkpoint::CheckpointReader& reader, const std::string& tensor,
   }
 }
 
+// The offline tools write fp32 moments per element; a checkpoint with 8-bit moments reshards
+// when an optimizer at the new world size loads it.
+void refuse_q8(const checkpoint::Manifest& m, const std::string& dir, const char* tool) {
+  SHARDOPT_CHECK(!checkpoint::any_q8(m), unsupported,
+                 "{}: checkpoint '{}' holds 8-bit moments (state_precision q8), which the offline {} does not convert; "
+                 "load it into an optimizer at the wanted world size instead (a load reshards)",
+                 tool, dir, tool);
+}
+
 std::string parent_directory(const std::string& path) {
   const std::size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -73,6 +82,7 @@ void verify_checkpoint(const std::string& dir, const CheckpointProgress& progres
 void export_checkpoint(const std::string& dir, const std::string& out_file, const CheckpointProgress& progress) {
   checkpoint::CheckpointReader reader = open_verified(dir, progress);
   const checkpoint::Manifest& m = reader.manifest();
+  refuse_q8(m, dir, "export");
   std::vector<checkpoint::TensorEntry> tensors;
   for (const checkpoint::ManifestParam& p : m.params) {
     tensors.push_back({"param." + p.name, {p.numel}, 0, 0});
@@ -116,6 +126,7 @@ void reshard_checkpoint(const std::string& dir, const std::string& out_dir, cons
                  options.world_size);
   checkpoint::CheckpointReader reader = open_verified(dir, progress);
   const checkpoint::Manifest& old = reader.manifest();
+  refuse_q8(old, dir, "reshard");
   partition::Strategy strategy = old.partition == partition::Strategy::replicated ? partition::Strategy::flat : old.partition;
   if (options.partition) {
     strategy = *options.partition == PartitionStrategy::flat ? partition::Strategy::flat

@@ -16,18 +16,20 @@ namespace {
 
 // The reference implementation refuses larger headers; so do we, before allocating one.
 constexpr int64_t kMaxHeaderBytes = int64_t{100} << 20;
-constexpr int64_t kF32Bytes = 4;
+
+// The dtypes a checkpoint holds, by their safetensors names.
+const char* safetensors_dtype(DType dtype) { return dtype == DType::byte ? "U8" : "F32"; }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-// Elements of `shape` and bytes of an F32 tensor of it; false when either overflows.
-bool shape_bytes(const std::vector<int64_t>& shape, int64_t* numel, int64_t* bytes) {
+// Elements of `shape` and bytes of a tensor of it; false when either overflows.
+bool shape_bytes(const std::vector<int64_t>& shape, DType dtype, int64_t* numel, int64_t* bytes) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (!checked_mul(n, d, &n)) return false;
   }
   *numel = n;
-  return checked_mul(n, kF32Bytes, bytes);
+  return checked_mul(n, static_cast<int64_t>(dtype_size(dtype)), bytes);
 }
 
 // One tensor entry of the header: {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}.
@@ -36,10 +38,12 @@ TensorEntry parse_tensor(const std::string& name, const nlohmann::json& value, c
   const JsonObject entry(value, path, name.empty() ? std::string("''") : name);
   entry.only({"dtype", "shape", "data_offsets"});
   const std::string dtype = entry.string("dtype");
-  SHARDOPT_CHECK(dtype == "F32", unsupported, "'{}': tensor '{}' has dtype {}; shardopt checkpoints hold F32 only",
-                 path, name, dtype);
+  SHARDOPT_CHECK(dtype == "F32" || dtype == "U8", unsupported,
+                 "'{}': tensor '{}' has dtype {}; shardopt checkpoints hold F32 only (and U8 for 8-bit moments)", path,
+                 name, dtype);
   TensorEntry t;
   t.name = name;
+  t.dtype = dtype == "U8" ? DType::byte : DType::f32;
   const nlohmann::json& shape = entry.at("shape");
   SHARDOPT_CHECK(shape.is_array(), corrupt, "'{}': tensor '{}' has shape {}, not a list", path, name, json_excerpt(shape));
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -70,9 +74,9 @@ std::string encode_safetensors_header(std::vector<TensorEntry>& tensors,
   int64_t offset = 0;
   for (TensorEntry& t : tensors) {
     t.begin = offset;
-    t.end = offset + t.numel() * kF32Bytes;
+    t.end = offset + t.numel() * static_cast<int64_t>(dtype_size(t.dtype));
     offset = t.end;
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
@@ -139,7 +143,7 @@ SafetensorsHeader read_safetensors_header(const InputFile& file, int64_t file_si
                    "'{}': invalid offset: tensor '{}' ends at data byte {}, before it starts at {}", path, t.name, t.end,
                    t.begin);
     int64_t numel = 0, bytes = 0;
-    SHARDOPT_CHECK(shape_bytes(t.shape, &numel, &bytes), corrupt,
+    SHARDOPT_CHECK(shape_bytes(t.shape, t.dtype, &numel, &bytes), corrupt,
                    "'{}': tensor '{}' has shape {}, which overflows a 64-bit size", path, t.name, shape_text(t.shape));
     SHARDOPT_CHECK(t.end - t.begin == bytes, corrupt, "'{}': tensor '{}' spans {} bytes but its shape {} needs {}", path,
                    t.name, t.end - t.begin, shape_text(t.shape), bytes);

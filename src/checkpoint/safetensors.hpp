@@ -1,6 +1,6 @@
 // src/checkpoint/safetensors.hpp — the safetensors container: 8-byte LE header length, JSON header, raw data.
 //
-// Only what checkpoints need: F32 tensors. Headers are padded with spaces so that the data
+// Only what checkpoints need: F32 tensors, and U8 for 8-bit optimizer state (shard format 2). Headers are padded with spaces so that the data
 // starts on an 8-byte boundary (as the reference writer does), and tensors are laid out in
 // the order given, back to back, so that Python's safetensors reads the files as they are.
 #pragma once
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "checkpoint/file_io.hpp"
+#include "shardopt/types.hpp"
 
 namespace shardopt {
 namespace checkpoint {
@@ -20,6 +21,7 @@ struct TensorEntry {
   std::vector<int64_t> shape;  // empty shape = scalar
   int64_t begin = 0;           // byte offsets within the data section
   int64_t end = 0;
+  DType dtype = DType::f32;  // f32 ("F32") or byte ("U8")
   // The product of the shape; Error(corrupt) naming the tensor when it overflows (a header
   // read from a file has been checked already, so this never throws for one).
   int64_t numel() const;

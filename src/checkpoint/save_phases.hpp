@@ -20,12 +20,13 @@
 #include "checkpoint/collective.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/optimizer_parts.hpp"
+#include "checkpoint/store.hpp"
 
 namespace shardopt {
 namespace checkpoint {
 
-// `count` elements of the shard file from `data` (of `dtype`, widened to f32), or zeros when
-// `data` is null.
+// `count` elements of the shard file from `data` (of `dtype`: bf16/f16 widened to f32, bytes
+// written as they are), or f32 zeros when `data` is null.
 struct ShardSource {
   const void* data = nullptr;
   DType dtype = DType::f32;
@@ -47,7 +48,10 @@ struct SaveTicket {
   int64_t shard_numel = 0;
   int64_t frozen_numel = 0;
   std::vector<std::string> kinds;
+  FileMoments moments;               // how this rank's file keeps its moments (store.hpp)
   std::vector<ShardSource> sources;  // in file order, after the header
+  // Then the 8-bit moments (host memory; q8 runs on CPU only), written directly, never staged.
+  std::vector<ShardSource> q8_sources;
   int64_t source_bytes = 0;          // of the data section: what the writer reads and writes
   int widen_threads = 0;             // for bf16/f16 values (config.cpu_threads; 1 in the background)
   Manifest manifest;                 // every rank's (rank 0's is committed); files' bytes and CRCs filled in by finish_save

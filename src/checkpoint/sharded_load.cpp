@@ -23,23 +23,47 @@ struct PreparedLoad {
   Manifest manifest;
   optim::StateMask kinds{};
   int64_t shard_numel = 0;
-  optim::StateBuffers state;
+  optim::MomentLayout moments;  // where the target shard keeps its moments (place_moments)
+  optim::StateBuffers state;    // "master" over the shard, the moment kinds as `moments` places them
+  optim::Q8Buffers q8;          // host: 8-bit moments are CPU state
   // In the optimizer's memory (on its device when it has one), f32.
   core::FlatBuffer params;             // this rank's shard of the parameter values
   std::vector<core::FlatBuffer> frozen;  // per param; empty for trainable ones
 };
 
-// Elements [first, first + count) of this rank's shard of `tensor` into `out` (host): the
-// segments' values, zeros in the padding between them. Queued; the caller flushes.
-void read_shard_range(CheckpointReader& reader, const std::string& tensor, const partition::RankShard& shard,
-                      int64_t first, int64_t count, float* out) {
+// Where a buffer of the target shard takes its elements from: parameter pieces at buffer offsets.
+struct Placed {
+  int32_t param;
+  int64_t param_offset;
+  int64_t length;
+  int64_t at;  // offset in the buffer
+};
+
+// The shard's segments at their shard offsets ("params", "master"), or for a moment kind at
+// their packed offsets, without the 8-bit segments (their moments are codes).
+std::vector<Placed> placements(const partition::RankShard& shard, const optim::MomentLayout& moments, bool moment_kind) {
+  std::vector<Placed> out;
+  for (std::size_t i = 0; i < shard.segments.size(); ++i) {
+    const partition::Segment& s = shard.segments[i];
+    if (s.length == 0 || (moment_kind && moments.places[i].q8)) continue;
+    out.push_back(Placed{s.param, s.param_offset, s.length, moment_kind ? moments.places[i].moment_offset : s.shard_offset});
+  }
+  return out;
+}
+
+bool is_moment_kind(std::size_t k) { return k != optim::kMaster; }
+
+// Elements [first, first + count) of a buffer placed as `placed` from `tensor` into `out`
+// (host): the pieces' values, zeros between them. Queued; the caller flushes.
+void read_placed_range(CheckpointReader& reader, const std::string& tensor, const std::vector<Placed>& placed,
+                       int64_t first, int64_t count, float* out) {
   std::fill(out, out + count, 0.f);
   const int64_t end = first + count;
-  for (const partition::Segment& s : shard.segments) {
-    const int64_t lo = std::max(first, s.shard_offset);
-    const int64_t hi = std::min(end, s.shard_offset + s.length);
+  for (const Placed& s : placed) {
+    const int64_t lo = std::max(first, s.at);
+    const int64_t hi = std::min(end, s.at + s.length);
     if (lo >= hi) continue;
-    reader.read_param_range(tensor, s.param, s.param_offset + (lo - s.shard_offset), hi - lo, out + (lo - first));
+    reader.read_param_range(tensor, s.param, s.param_offset + (lo - s.at), hi - lo, out + (lo - first));
   }
 }
 
@@ -50,18 +74,24 @@ void read_staged(CopyEngine& engine, CheckpointReader& reader, const partition::
   std::vector<StagedRegion> regions;
   std::vector<std::string> tensors;  // per region; "" for a frozen parameter's
   std::vector<int32_t> frozen_param;
-  auto add = [&](core::FlatBuffer& buffer, const std::string& tensor, int32_t param) {
+  std::vector<const std::vector<Placed>*> region_places;
+  const std::vector<Placed> by_shard = placements(shard, prep.moments, false);
+  const std::vector<Placed> by_moment = placements(shard, prep.moments, true);
+  auto add = [&](core::FlatBuffer& buffer, const std::string& tensor, int32_t param, const std::vector<Placed>* placed) {
     regions.push_back(StagedRegion{buffer.data(), DType::f32, buffer.numel()});
     tensors.push_back(tensor);
     frozen_param.push_back(param);
+    region_places.push_back(placed);
   };
-  add(prep.params, kParamsTensor, -1);
+  add(prep.params, kParamsTensor, -1, &by_shard);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     // A kind the files lack stays as allocated: zeros.
-    if (prep.kinds[k] && reader.has_tensor(optim::kStateNames[k])) add(prep.state[k], optim::kStateNames[k], -1);
+    if (prep.kinds[k] && reader.has_tensor(optim::kStateNames[k])) {
+      add(prep.state[k], optim::kStateNames[k], -1, is_moment_kind(k) ? &by_moment : &by_shard);
+    }
   }
   for (std::size_t i = 0; i < prep.frozen.size(); ++i) {
-    if (!prep.frozen[i].empty()) add(prep.frozen[i], "", static_cast<int32_t>(i));
+    if (!prep.frozen[i].empty()) add(prep.frozen[i], "", static_cast<int32_t>(i), nullptr);
   }
   stage_in(engine, regions, [&](const StagedChunk& chunk) {
     for (const StagedPiece& p : chunk.pieces) {
@@ -69,11 +99,35 @@ void read_staged(CopyEngine& engine, CheckpointReader& reader, const partition::
       if (frozen_param[p.region] >= 0) {
         reader.read_frozen_range(frozen_param[p.region], p.first, p.count, out);
       } else {
-        read_shard_range(reader, tensors[p.region], shard, p.first, p.count, out);
+        read_placed_range(reader, tensors[p.region], *region_places[p.region], p.first, p.count, out);
       }
     }
     reader.flush();
   });
+}
+
+// A checkpoint keeps each parameter's moments as 8-bit codes or as fp32 values, as its group's
+// state_precision said when it was saved; loading them into the other form is refused (no
+// silent requantisation). Error(mismatch) naming the first parameter that differs.
+void check_same_state_precision(const optim::ParamTable& table, const Manifest& m, const std::string& source) {
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const optim::ParamRecord& p = table.params()[i];
+    const bool here = p.trainable && table.q8_moments(p);
+    const bool saved = m.params[i].q8;
+    SHARDOPT_CHECK(here == saved, mismatch,
+                   "{} keeps the moments of '{}' as {}, but here its group {} keeps {}: a checkpoint loads into the "
+                   "state_precision it was saved with (8-bit moments are not converted to fp32 or back)",
+                   source, p.name, saved ? "8-bit codes (state_precision q8)" : "fp32 values", p.group,
+                   here ? "8-bit moments (state_precision q8)" : "fp32 moments");
+  }
+  // 8-bit moments are laid out once (ShardState::rebuild): the saved trainable flags must be these.
+  for (std::size_t i = 0; i < table.size() && table.any_q8(); ++i) {
+    SHARDOPT_CHECK(table.params()[i].trainable == m.params[i].trainable, mismatch,
+                   "{} has '{}' {}, but it is {} here, and an optimizer with state_precision = q8 groups cannot "
+                   "change its trainable parameters",
+                   source, m.params[i].name, m.params[i].trainable ? "trainable" : "frozen",
+                   table.params()[i].trainable ? "trainable" : "frozen");
+  }
 }
 
 PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
@@ -84,6 +138,7 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   const std::string source = fmt::format("checkpoint '{}'", dir);
   // Another model's checkpoint is refused before any shard file is read.
   check_same_model(parts.table, m, source);
+  check_same_state_precision(parts.table, m, source);
 
   CheckpointReader reader(dir, m);
   // Each file's header and checksum are checked by one rank (files spread round-robin), so
@@ -107,9 +162,24 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   }
 
   // Fresh buffers where the optimizer keeps its state (host, or its device).
+  prep.moments = parts.shard.place_moments(shard);
   prep.params = dev.new_buffer(shard.numel);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    if (prep.kinds[k]) prep.state[k] = dev.new_buffer(shard.numel);
+    if (prep.kinds[k]) prep.state[k] = dev.new_buffer(is_moment_kind(k) ? prep.moments.moment_numel : shard.numel);
+  }
+  // 8-bit moments: read straight into host buffers (each parameter's codes and blocks whole).
+  for (std::size_t mo = 0; mo < 2; ++mo) {
+    prep.q8.codes[mo] = dev.new_buffer(prep.moments.code_numel, DType::byte);
+    prep.q8.absmax[mo] = dev.new_buffer(prep.moments.blocks);
+  }
+  for (std::size_t i = 0; i < shard.segments.size(); ++i) {
+    const partition::Segment& s = shard.segments[i];
+    const optim::MomentPlace& place = prep.moments.places[i];
+    if (!place.q8) continue;
+    for (std::size_t mo = 0; mo < 2; ++mo) {
+      reader.read_q8(s.param, mo, static_cast<uint8_t*>(prep.q8.codes[mo].raw()) + place.code_offset,
+                     prep.q8.absmax[mo].data() + place.block_offset);
+    }
   }
   prep.frozen.resize(m.params.size());
   for (std::size_t i = 0; i < m.params.size(); ++i) {
@@ -119,15 +189,13 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
     read_staged(*engine, reader, shard, prep);
     return prep;
   }
-  auto read_shard = [&](const std::string& tensor, float* out) {
-    for (const partition::Segment& s : shard.segments) {
-      if (s.length > 0) reader.read_param_range(tensor, s.param, s.param_offset, s.length, out + s.shard_offset);
-    }
+  auto read_shard = [&](const std::string& tensor, const std::vector<Placed>& placed, float* out) {
+    for (const Placed& s : placed) reader.read_param_range(tensor, s.param, s.param_offset, s.length, out + s.at);
   };
-  read_shard(kParamsTensor, prep.params.data());
+  read_shard(kParamsTensor, placements(shard, prep.moments, false), prep.params.data());
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     if (prep.kinds[k] && reader.has_tensor(optim::kStateNames[k])) {
-      read_shard(optim::kStateNames[k], prep.state[k].data());
+      read_shard(optim::kStateNames[k], placements(shard, prep.moments, is_moment_kind(k)), prep.state[k].data());
     }
   }
   for (std::size_t i = 0; i < m.params.size(); ++i) {
@@ -169,7 +237,7 @@ void install(const OptimizerParts& parts, PreparedLoad& prep) {
   }
   // A checkpoint always holds a bf16/f16 optimizer's masters (the kinds say so); seeding is for
   // a kind the files lack.
-  parts.shard.install_state(prep.kinds, std::move(prep.state), without_master);
+  parts.shard.install_state(prep.kinds, std::move(prep.state), without_master, std::move(prep.q8));
 }
 
 }  // namespace

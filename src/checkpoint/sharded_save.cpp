@@ -65,12 +65,14 @@ std::vector<ShardSource> shard_sources(const OptimizerParts& parts, int index, c
   zeros(shard.numel - written);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     if (!kind_mask[k]) continue;
+    // The moment kinds as the optimizer keeps them (packed beside 8-bit moments: FileMoments).
+    const int64_t numel = k == optim::kMaster ? shard.numel : state.moment_numel();
     // A kind that hyperparameters made necessary after the last step is not allocated yet:
     // it would start as zeros, so zeros are what it holds.
-    if (state.state()[k].numel() == shard.numel && shard.numel > 0) {
-      sources.push_back(ShardSource{state.state_data(k), DType::f32, shard.numel});
+    if (state.state()[k].numel() == numel && numel > 0) {
+      sources.push_back(ShardSource{state.state_data(k), DType::f32, numel});
     } else {
-      zeros(shard.numel);
+      zeros(numel);
     }
   }
   if (index == 0) {
@@ -83,6 +85,19 @@ std::vector<ShardSource> shard_sources(const OptimizerParts& parts, int index, c
 
 // Widening scratch of the writer: bounded, whatever the size of a parameter.
 constexpr int64_t kWidenChunk = int64_t{1} << 20;
+
+// This rank's 8-bit moments in file order (shard_tensors): both absmax buffers, then both codes.
+std::vector<ShardSource> q8_sources(const optim::ShardState& state) {
+  std::vector<ShardSource> sources;
+  if (state.q8_codes(0).numel() == 0) return sources;
+  for (std::size_t m = 0; m < 2; ++m) {
+    sources.push_back(ShardSource{state.q8_absmax(m).raw(), DType::f32, state.q8_absmax(m).numel()});
+  }
+  for (std::size_t m = 0; m < 2; ++m) {
+    sources.push_back(ShardSource{state.q8_codes(m).raw(), DType::byte, state.q8_codes(m).numel()});
+  }
+  return sources;
+}
 
 // The manifest of this save as the optimizer stands at its start (rank 0's state); the files'
 // sizes and CRCs are filled in once every rank has written its file.
@@ -103,7 +118,8 @@ Manifest build_manifest(const OptimizerParts& parts, uint64_t generation, const 
   m.loss_scale = parts.step.loss_scale();
   m.growth_tracker = parts.step.growth_tracker();
   for (const optim::ParamRecord& p : parts.table.params()) {
-    m.params.push_back({p.name, p.numel, p.dtype, p.group, p.trainable, p.step, p.has_momentum_buffer, p.shape});
+    m.params.push_back({p.name, p.numel, p.dtype, p.group, p.trainable, p.step, p.has_momentum_buffer, p.shape,
+                        p.trainable && parts.table.q8_moments(p)});
   }
   for (int f = 0; f < count; ++f) {
     const partition::RankShard& shard = state.layout().shards[static_cast<std::size_t>(f)];
@@ -202,6 +218,7 @@ SaveTicket start_save(const OptimizerParts& parts, const std::string& dir) {
   for (const optim::ParamRecord& p : parts.table.params()) t.frozen_numel += p.trainable ? 0 : p.numel;
   if (t.writes) {
     t.sources = shard_sources(parts, t.file_index, kind_mask);
+    t.q8_sources = q8_sources(state);
     // A rank that cannot stage (no pinned memory) fails the save through the agreement on
     // the files, as a failed write does.
     try {
@@ -211,8 +228,13 @@ SaveTicket start_save(const OptimizerParts& parts, const std::string& dir) {
     }
   }
   for (const ShardSource& s : t.sources) t.source_bytes += s.count * static_cast<int64_t>(sizeof(float));
+  for (const ShardSource& s : t.q8_sources) t.source_bytes += s.count * static_cast<int64_t>(dtype_size(s.dtype));
   // On every rank: each proves its own files against it (rank 0's is the one committed).
   t.manifest = build_manifest(parts, t.generation, t.save_id, t.count, t.kinds);
+  t.moments = file_moments(t.manifest, static_cast<std::size_t>(t.file_index));
+  SHARDOPT_CHECK(t.moments.code_numel == state.q8_codes(0).numel(), internal,
+                 "save: the file keeps {} 8-bit codes per moment, the shard {}", t.moments.code_numel,
+                 state.q8_codes(0).numel());
   return t;
 }
 
@@ -231,8 +253,9 @@ Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(Write
   }
   bool sources_read = false;
   try {
-    ShardFileWriter writer(t.own_path, shard_tensors(t.shard_numel, t.kinds, t.frozen_numel, t.file_index),
-                           shard_metadata(t.save_id, t.file_index, t.count));
+    ShardFileWriter writer(t.own_path,
+                           shard_tensors(t.shard_numel, t.kinds, t.frozen_numel, t.file_index, t.moments),
+                           shard_metadata(t.save_id, t.file_index, t.count, t.moments.packed));
     std::vector<float> wide;
     int64_t bytes = 0;
     bool half_reported = false;
@@ -241,6 +264,8 @@ Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(Write
     auto append = [&](const void* data, DType dtype, int64_t count) {
       if (data == nullptr) {
         writer.write_zeros(count);
+      } else if (dtype == DType::byte) {
+        writer.write_bytes(data, count);
       } else if (dtype == DType::f32) {
         writer.write(static_cast<const float*>(data), count);
       } else {
@@ -251,7 +276,7 @@ Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(Write
           writer.write(wide.data(), n);
         }
       }
-      bytes += count * static_cast<int64_t>(sizeof(float));
+      bytes += count * static_cast<int64_t>(data == nullptr ? sizeof(float) : dtype == DType::byte ? 1 : sizeof(float));
       if (!half_reported && 2 * bytes >= t.source_bytes) {
         half_reported = true;
         reach(WritePoint::kHalfWritten);
@@ -269,6 +294,7 @@ Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(Write
     } else {
       for (const ShardSource& s : t.sources) append(s.data, s.dtype, s.count);
     }
+    for (const ShardSource& s : t.q8_sources) append(s.data, s.dtype, s.count);
     sources_read = true;
     reach(WritePoint::kSourcesRead);
     const ManifestFile own_file = writer.commit();

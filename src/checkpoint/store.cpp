@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "core/check.hpp"
+#include "q8_state.hpp"
 
 namespace shardopt {
 namespace checkpoint {
@@ -25,9 +26,14 @@ void check_size(const std::string& path, int64_t size, int64_t expected) {
 CheckpointReader::CheckpointReader(std::string dir, Manifest manifest)
     : dir_(std::move(dir)), manifest_(std::move(manifest)) {
   pieces_.resize(manifest_.params.size());
+  const std::vector<bool> q8 = q8_params(manifest_);
   for (std::size_t f = 0; f < manifest_.files.size(); ++f) {
-    for (const partition::Segment& s : manifest_.files[f].segments) {
-      if (s.length > 0) pieces_[static_cast<std::size_t>(s.param)].push_back(Piece{f, &s});
+    const ManifestFile& file = manifest_.files[f];
+    moments_.push_back(file_moments(manifest_, f));
+    const optim::MomentLayout places = optim::place_moments(partition::RankShard{0, file.shard_numel, file.segments}, q8);
+    for (std::size_t k = 0; k < file.segments.size(); ++k) {
+      const partition::Segment& s = file.segments[k];
+      if (s.length > 0) pieces_[static_cast<std::size_t>(s.param)].push_back(Piece{f, &s, places.places[k]});
     }
   }
   for (auto& list : pieces_) {
@@ -81,7 +87,8 @@ SafetensorsHeader CheckpointReader::parse_header(std::size_t file) {
   const ManifestFile& f = manifest_.files[file];
   SafetensorsHeader header = read_safetensors_header(input(file), f.bytes);
   const int count = static_cast<int>(manifest_.files.size());
-  for (const auto& [key, want] : shard_metadata(manifest_.save_id, static_cast<int>(file), count)) {
+  for (const auto& [key, want] :
+       shard_metadata(manifest_.save_id, static_cast<int>(file), count, moments_[file].packed)) {
     const auto got = header.metadata.find(key);
     SHARDOPT_CHECK(key != "save_id" || (got != header.metadata.end() && got->second == want), corrupt,
                    "'{}' belongs to another save than the manifest's ('{}')", path, want);
@@ -93,13 +100,15 @@ SafetensorsHeader CheckpointReader::parse_header(std::size_t file) {
     SHARDOPT_CHECK(shard_metadata(manifest_.save_id, 0, 1).count(key) == 1, corrupt,
                    "'{}': unexpected metadata '{}' ('{}')", path, key, value);
   }
-  const std::vector<TensorEntry> expected =
-      shard_tensors(f.shard_numel, manifest_.state_kinds, manifest_.frozen_numel(), static_cast<int>(file));
+  const std::vector<TensorEntry> expected = shard_tensors(f.shard_numel, manifest_.state_kinds,
+                                                         manifest_.frozen_numel(), static_cast<int>(file), moments_[file]);
   for (const TensorEntry& e : expected) {
     const TensorEntry* t = header.find(e.name);
     SHARDOPT_CHECK(t != nullptr, corrupt, "'{}' has no tensor '{}' (the manifest says it should)", path, e.name);
     SHARDOPT_CHECK(t->shape == e.shape, corrupt, "'{}': tensor '{}' has shape [{}], the manifest says [{}]", path, e.name,
                    fmt::join(t->shape, ", "), fmt::join(e.shape, ", "));
+    SHARDOPT_CHECK(t->dtype == e.dtype, corrupt, "'{}': tensor '{}' is {}, the manifest says {}", path, e.name,
+                   dtype_name(t->dtype), dtype_name(e.dtype));
   }
   for (const TensorEntry& t : header.tensors) {
     const bool named = std::any_of(expected.begin(), expected.end(), [&](const TensorEntry& e) { return e.name == t.name; });
@@ -121,6 +130,9 @@ void CheckpointReader::verify_checksum(std::size_t file) {
 }
 
 bool CheckpointReader::has_tensor(const std::string& tensor) const {
+  const bool q8_tensor = tensor == kQ8CodesTensor[0] || tensor == kQ8CodesTensor[1] || tensor == kQ8AbsmaxTensor[0] ||
+                         tensor == kQ8AbsmaxTensor[1];
+  if (q8_tensor) return any_q8(manifest_);
   return tensor == kParamsTensor ||
          std::find(manifest_.state_kinds.begin(), manifest_.state_kinds.end(), tensor) != manifest_.state_kinds.end();
 }
@@ -156,7 +168,12 @@ void CheckpointReader::read_param_range(const std::string& tensor, int32_t param
     const int64_t lo = std::max(offset, s.param_offset);
     const int64_t hi = std::min(end, s.param_offset + s.length);
     if (lo >= hi) continue;
-    const int64_t element = s.shard_offset + (lo - s.param_offset);
+    // Moment kinds of a file holding 8-bit moments are packed (FileMoments); the rest by shard offset.
+    const bool moment_kind = tensor != kParamsTensor && tensor != optim::kStateNames[optim::kMaster];
+    SHARDOPT_CHECK(!moment_kind || !piece.place.q8, internal, "checkpoint '{}': '{}' of parameter #{} is 8-bit",
+                   dir_, tensor, param);
+    const int64_t base = moment_kind && moments_[piece.file].packed ? piece.place.moment_offset : s.shard_offset;
+    const int64_t element = base + (lo - s.param_offset);
     enqueue(piece.file, tensor_start(piece.file, tensor) + element * static_cast<int64_t>(sizeof(float)),
             out + (lo - offset), static_cast<std::size_t>(hi - lo) * sizeof(float));
     covered += hi - lo;
@@ -164,6 +181,20 @@ void CheckpointReader::read_param_range(const std::string& tensor, int32_t param
   // The manifest's segments tile every trainable param (checked when it was parsed).
   SHARDOPT_CHECK(covered == end, internal, "checkpoint '{}': parameter #{} elements [{}, {}) not found", dir_, param,
                  offset, end);
+}
+
+void CheckpointReader::read_q8(int32_t param, std::size_t m, uint8_t* codes, float* absmax) {
+  const std::vector<Piece>& pieces = pieces_[static_cast<std::size_t>(param)];
+  const ManifestParam& p = manifest_.params[static_cast<std::size_t>(param)];
+  // The manifest's check keeps an 8-bit parameter in one segment.
+  SHARDOPT_CHECK(p.q8 && pieces.size() == 1 && pieces[0].place.q8, internal,
+                 "checkpoint '{}': parameter '{}' has no 8-bit moments", dir_, p.name);
+  const Piece& piece = pieces[0];
+  enqueue(piece.file, tensor_start(piece.file, kQ8CodesTensor[m]) + piece.place.code_offset, codes,
+          static_cast<std::size_t>(p.numel));
+  enqueue(piece.file,
+          tensor_start(piece.file, kQ8AbsmaxTensor[m]) + piece.place.block_offset * static_cast<int64_t>(sizeof(float)),
+          absmax, static_cast<std::size_t>(kernels::q8_blocks(p.numel)) * sizeof(float));
 }
 
 void CheckpointReader::read_frozen(int32_t param, float* out) {
@@ -203,6 +234,10 @@ void ShardFileWriter::write(const float* data, int64_t count) {
   if (count > 0) file_.write(data, static_cast<std::size_t>(count) * sizeof(float));
 }
 
+void ShardFileWriter::write_bytes(const void* data, int64_t bytes) {
+  if (bytes > 0) file_.write(data, static_cast<std::size_t>(bytes));
+}
+
 void ShardFileWriter::write_zeros(int64_t count) {
   if (count > 0) file_.write_zeros(static_cast<std::size_t>(count) * sizeof(float));
 }
@@ -219,18 +254,38 @@ ManifestFile ShardFileWriter::commit() {
   return f;
 }
 
+FileMoments file_moments(const Manifest& manifest, std::size_t file) {
+  const ManifestFile& f = manifest.files[file];
+  const optim::MomentLayout layout =
+      optim::place_moments(partition::RankShard{0, f.shard_numel, f.segments}, q8_params(manifest));
+  FileMoments out;
+  out.packed = layout.code_numel > 0;
+  out.moment_numel = layout.moment_numel;
+  out.code_numel = layout.code_numel;
+  out.blocks = layout.blocks;
+  return out;
+}
+
 std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<std::string>& state_kinds,
-                                       int64_t frozen_numel, int index) {
+                                       int64_t frozen_numel, int index, const FileMoments& moments) {
   std::vector<TensorEntry> tensors;
   tensors.push_back(TensorEntry{kParamsTensor, {shard_numel}, 0, 0});
-  for (const std::string& kind : state_kinds) tensors.push_back(TensorEntry{kind, {shard_numel}, 0, 0});
+  for (const std::string& kind : state_kinds) {
+    const bool packed = moments.packed && kind != optim::kStateNames[optim::kMaster];
+    tensors.push_back(TensorEntry{kind, {packed ? moments.moment_numel : shard_numel}, 0, 0});
+  }
   if (index == 0 && frozen_numel > 0) tensors.push_back(TensorEntry{kFrozenTensor, {frozen_numel}, 0, 0});
+  if (moments.packed) {
+    // Codes last: the F32 tensors before them stay 4-byte aligned in the file.
+    for (const char* name : kQ8AbsmaxTensor) tensors.push_back(TensorEntry{name, {moments.blocks}, 0, 0});
+    for (const char* name : kQ8CodesTensor) tensors.push_back(TensorEntry{name, {moments.code_numel}, 0, 0, DType::byte});
+  }
   return tensors;
 }
 
-std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count) {
+std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count, bool holds_q8) {
   return {{"format", "shardopt-shard"},
-          {"format_version", std::to_string(kShardFormatVersion)},
+          {"format_version", std::to_string(holds_q8 ? kShardFormatVersionQ8 : kShardFormatVersion)},
           {"save_id", save_id},
           {"file_index", std::to_string(index)},
           {"num_files", std::to_string(count)}};

@@ -14,9 +14,28 @@
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/safetensors.hpp"
+#include "optim/shard_state.hpp"
 
 namespace shardopt {
 namespace checkpoint {
+
+// The tensors of a shard file's 8-bit moments (shard format 2), by moment (0: exp_avg, 1:
+// exp_avg_sq): U8 codes, and F32 absmax per block of 256 elements of each parameter.
+inline constexpr const char* kQ8CodesTensor[2] = {"exp_avg.q8_codes", "exp_avg_sq.q8_codes"};
+inline constexpr const char* kQ8AbsmaxTensor[2] = {"exp_avg.q8_absmax", "exp_avg_sq.q8_absmax"};
+
+// How a shard file keeps its moments. A file holding 8-bit moments (`packed`) keeps its f32
+// moment kinds (all but "master") over its other segments only, packed in segment order
+// without padding, and the 8-bit codes and absmax packed alike over the 8-bit segments: the
+// optimizer's own layout (optim::place_moments), so a save writes its buffers as they are.
+// Otherwise every kind spans the shard, as in shard format 1.
+struct FileMoments {
+  bool packed = false;
+  int64_t moment_numel = 0;
+  int64_t code_numel = 0;
+  int64_t blocks = 0;
+};
+FileMoments file_moments(const Manifest& manifest, std::size_t file);
 
 // One checkpoint directory opened for reading. Reads are queued by read_param_range() and
 // issued by flush(), merging neighbours: loading a shard saved with the same layout becomes
@@ -43,7 +62,11 @@ class CheckpointReader {
 
   bool has_tensor(const std::string& tensor) const;  // "params" or a saved state kind
   // Queues elements [offset, offset + length) of parameter `param` of `tensor` into `out`.
+  // A moment kind of a parameter with 8-bit moments is not there (Error(internal)).
   void read_param_range(const std::string& tensor, int32_t param, int64_t offset, int64_t length, float* out);
+  // Queues the 8-bit moment `m` (0: exp_avg, 1: exp_avg_sq) of parameter `param` (one that
+  // keeps them, ManifestParam::q8): its numel codes and q8_blocks(numel) absmax values.
+  void read_q8(int32_t param, std::size_t m, uint8_t* codes, float* absmax);
   // Queues the whole of frozen parameter `param` into `out`.
   void read_frozen(int32_t param, float* out);
   // Queues elements [offset, offset + length) of frozen parameter `param` into `out`.
@@ -54,6 +77,7 @@ class CheckpointReader {
   struct Piece {
     std::size_t file;
     const partition::Segment* segment;
+    optim::MomentPlace place;  // where the file keeps the segment's moments
   };
   struct Request {
     std::size_t file;
@@ -71,6 +95,7 @@ class CheckpointReader {
   Manifest manifest_;
   std::vector<std::vector<Piece>> pieces_;  // per param, by param_offset
   std::vector<int64_t> frozen_offset_;      // per param: element offset in "frozen_params"
+  std::vector<FileMoments> moments_;        // per file
   std::vector<std::unique_ptr<InputFile>> files_;
   std::vector<std::optional<SafetensorsHeader>> headers_;
   std::vector<Request> queue_;
@@ -84,6 +109,7 @@ class ShardFileWriter {
                   const std::map<std::string, std::string>& metadata);
   void write(const float* data, int64_t count);
   void write_zeros(int64_t count);
+  void write_bytes(const void* data, int64_t bytes);  // a U8 tensor's elements
   // Checks that every promised element was written; returns the file's size and CRC32C.
   ManifestFile commit();
 
@@ -93,10 +119,13 @@ class ShardFileWriter {
 };
 
 // The tensors of shard file `index` of `count`, in the order they are written: "params", the
-// state kinds, and (file 0 only, when there are frozen params) "frozen_params".
+// state kinds, (file 0 only, when there are frozen params) "frozen_params", and for a file
+// holding 8-bit moments the two absmax tensors, then the two code tensors.
 std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<std::string>& state_kinds,
-                                       int64_t frozen_numel, int index);
-std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count);
+                                       int64_t frozen_numel, int index, const FileMoments& moments = {});
+// Shard format 2 (kShardFormatVersionQ8) for a file holding 8-bit moments, else 1.
+std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count,
+                                                  bool holds_q8 = false);
 
 // The identity of the next save into `dir`: generation one past the current manifest's
 // (1 when there is none or it is unreadable) and a random token, so a new save never reuses

@@ -105,6 +105,7 @@ class ParamTable {
   // What a new group of `algorithm` takes for its unset hyperparameters.
   Hyperparams defaults_for(Algorithm algorithm) const;
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
 
   std::vector<partition::ParamInfo> infos() const;
   // infos() followed by the records of `added` (not yet appended).
@@ -121,10 +122,13 @@ class ParamTable {
   Device device_ = Device::cpu();
 };
 
-// 8-bit moments are laid out once and are not in checkpoints or state dicts yet: `operation`
-// (a layout change, a checkpoint, a state dict) raises Error(unsupported) naming it when any
-// group keeps them (or `adds_q8`, for groups being added).
+// 8-bit moments are laid out once: `operation` (a layout change) raises Error(unsupported)
+// naming it when any group keeps them (or `adds_q8`, for groups being added).
 void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8 = false);
+
+// Checkpoints and state dicts read and write 8-bit moments in host memory: `operation` raises
+// Error(unsupported) naming it when a group keeps them for parameters on a device.
+void refuse_q8_on_device(const ParamTable& table, const char* operation);
 
 }  // namespace optim
 }  // namespace shardopt

@@ -31,11 +31,11 @@ StateMask ShardState::state_kinds_needed() const {
   return needed;
 }
 
-MomentLayout ShardState::place_moments(const partition::RankShard& shard) const {
+MomentLayout place_moments(const partition::RankShard& shard, const std::vector<bool>& q8_param) {
   MomentLayout out;
   for (const partition::Segment& s : shard.segments) {
     MomentPlace place;
-    place.q8 = table_.q8_moments(table_.params()[static_cast<std::size_t>(s.param)]);
+    place.q8 = q8_param[static_cast<std::size_t>(s.param)];
     if (place.q8) {
       place.code_offset = out.code_numel;
       place.block_offset = out.blocks;
@@ -54,6 +54,12 @@ MomentLayout ShardState::place_moments(const partition::RankShard& shard) const 
     for (std::size_t i = 0; i < out.places.size(); ++i) out.places[i].moment_offset = shard.segments[i].shard_offset;
   }
   return out;
+}
+
+MomentLayout ShardState::place_moments(const partition::RankShard& shard) const {
+  std::vector<bool> q8_param;
+  for (const ParamRecord& p : table_.params()) q8_param.push_back(table_.q8_moments(p));
+  return optim::place_moments(shard, q8_param);
 }
 
 kernels::Q8Moments ShardState::q8_moments(const UpdateRun& run) const {
@@ -415,12 +421,25 @@ void ShardState::set_param_values_f32(std::size_t i, int64_t offset, int64_t n, 
   }
 }
 
-void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master) {
+void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master,
+                               Q8Buffers q8) {
   const int64_t numel = own_shard().numel;
   for (std::size_t k = 0; k < kStateKinds; ++k) {
-    SHARDOPT_CHECK(!kinds[k] || buffers[k].numel() == numel, internal,
-                   "install_state: '{}' has {} elements, the shard {}", kStateNames[k], buffers[k].numel(), numel);
-    state_[k] = kinds[k] ? std::move(buffers[k]) : dev_.new_buffer(0);
+    const int64_t expected = k == kMaster ? numel : moment_numel_;
+    SHARDOPT_CHECK(!kinds[k] || buffers[k].numel() == expected, internal,
+                   "install_state: '{}' has {} elements, the shard keeps {}", kStateNames[k], buffers[k].numel(),
+                   expected);
+  }
+  for (std::size_t m = 0; m < 2; ++m) {
+    SHARDOPT_CHECK(q8.codes[m].numel() == q8_codes_[m].numel() && q8.absmax[m].numel() == q8_absmax_[m].numel(),
+                   internal, "install_state: 8-bit moments of {} codes and {} blocks, the shard keeps {} and {}",
+                   q8.codes[m].numel(), q8.absmax[m].numel(), q8_codes_[m].numel(), q8_absmax_[m].numel());
+  }
+  for (std::size_t k = 0; k < kStateKinds; ++k) state_[k] = kinds[k] ? std::move(buffers[k]) : dev_.new_buffer(0);
+  for (std::size_t m = 0; m < 2; ++m) {
+    if (q8_codes_[m].numel() == 0) continue;
+    q8_codes_[m] = std::move(q8.codes[m]);
+    q8_absmax_[m] = std::move(q8.absmax[m]);
   }
   state_in_use_ = kinds;
   masters_materialised_ = false;

@@ -63,6 +63,17 @@ struct MomentLayout {
   int64_t blocks = 0;
 };
 
+// The moments' placement over `shard` when q8_param[i] says whether param i keeps 8-bit moments:
+// shard_state's own layout, and the layout of a checkpoint's shard file (shard format 2).
+MomentLayout place_moments(const partition::RankShard& shard, const std::vector<bool>& q8_param);
+
+// 8-bit moments over a shard, exp_avg then exp_avg_sq: codes (bytes) and absmax per block,
+// packed as MomentLayout places them.
+struct Q8Buffers {
+  std::array<core::FlatBuffer, 2> codes;
+  std::array<core::FlatBuffer, 2> absmax;
+};
+
 using StateBuffers = std::array<core::FlatBuffer, kStateKinds>;
 using StateMask = std::array<bool, kStateKinds>;
 
@@ -176,6 +187,9 @@ class ShardState {
   // 8-bit moments of a q8 run (codes and absmax; kernels/q8_state.hpp).
   kernels::Q8Moments q8_moments(const UpdateRun& run) const;
   int64_t q8_bytes() const;
+  // The 8-bit moments over this rank's shard (m = 0: exp_avg, 1: exp_avg_sq).
+  const core::FlatBuffer& q8_codes(std::size_t m) const { return q8_codes_[m]; }
+  const core::FlatBuffer& q8_absmax(std::size_t m) const { return q8_absmax_[m]; }
   bool remainder_master(const ParamRecord& p) const {
     return table_.storage(p.group).master == MasterStorage::remainder16 && dtype() == DType::bf16;
   }
@@ -189,10 +203,13 @@ class ShardState {
   // With node-shared parameters a frozen param's values are written by the node's first rank
   // only (every rank passes the same values; the next sync makes them visible to all).
   void set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values);
-  // Replaces the state over this rank's shard (kinds not in `kinds` are dropped). For bf16/f16
-  // params, a master absent from `kinds` (or listed in `without_master`) is seeded from the
-  // current parameter values, as a fresh optimizer's would be.
-  void install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master);
+  // Replaces the state over this rank's shard (kinds not in `kinds` are dropped): the master
+  // kind over the shard, the moment kinds as place_moments(own_shard()) places them (over the
+  // whole shard without 8-bit params), and the 8-bit moments (`q8`, empty buffers without
+  // 8-bit params). For bf16/f16 params, a master absent from `kinds` (or listed in
+  // `without_master`) is seeded from the current parameter values, as a fresh optimizer's would be.
+  void install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master,
+                     Q8Buffers q8 = {});
   // Checkpoints and state dicts carry fp32 masters whatever the storage: this fills the
   // "master" kind (allocated over the shard where only remainders are kept) with the masters
   // rebuilt from the parameters and remainders, bitwise. The copy lives until the next update

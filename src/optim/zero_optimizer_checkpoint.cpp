@@ -21,7 +21,7 @@ checkpoint::OptimizerParts parts_of(ZeroOptimizer::Impl& im) {
 void ZeroOptimizer::save(const std::string& dir) try {
   Impl& im = *impl_;
   AgreementRecord record = optim::enter(im, GateCall::save);
-  record.validate([&] { optim::refuse_with_q8(im.table, "save"); });
+  record.validate([&] { optim::refuse_q8_on_device(im.table, "save"); });
   optim::agree(im, record);
   im.shard.materialise_masters();
   checkpoint::save_checkpoint(parts_of(im), dir);
@@ -32,7 +32,7 @@ void ZeroOptimizer::save(const std::string& dir) try {
 void ZeroOptimizer::save_async(const std::string& dir) try {
   Impl& im = *impl_;
   AgreementRecord record = optim::enter(im, GateCall::save_async);
-  record.validate([&] { optim::refuse_with_q8(im.table, "save_async"); });
+  record.validate([&] { optim::refuse_q8_on_device(im.table, "save_async"); });
   optim::agree(im, record);
   im.shard.materialise_masters();
   checkpoint::SaveTicket ticket = checkpoint::start_save(parts_of(im), dir);
@@ -53,7 +53,7 @@ void ZeroOptimizer::wait_save() try {
 void ZeroOptimizer::load(const std::string& dir) try {
   Impl& im = *impl_;
   AgreementRecord record = optim::enter(im, GateCall::load);
-  record.validate([&] { optim::refuse_with_q8(im.table, "load"); });
+  record.validate([&] { optim::refuse_q8_on_device(im.table, "load"); });
   optim::agree(im, record);
   checkpoint::load_checkpoint(parts_of(im), dir);
   optim::forget_round(im);
@@ -70,7 +70,7 @@ void ZeroOptimizer::consolidate_state_dict(int to) try {
   record.validate([&] {
     SHARDOPT_CHECK(to >= 0 && to < im.dev.world(), invalid_argument,
                    "consolidate_state_dict: target rank {} is out of range (world size {})", to, im.dev.world());
-    optim::refuse_with_q8(im.table, "consolidate_state_dict");
+    optim::refuse_q8_on_device(im.table, "consolidate_state_dict");
   });
   optim::agree(im, record);
   im.shard.materialise_masters();
@@ -95,7 +95,7 @@ void ZeroOptimizer::load_state_dict(const StateDict& state) try {
   Impl& im = *impl_;
   AgreementRecord record = optim::enter(im, GateCall::load_state_dict);
   record.validate([&] {
-    optim::refuse_with_q8(im.table, "load_state_dict");
+    optim::refuse_q8_on_device(im.table, "load_state_dict");
     checkpoint::check_state_dict(parts_of(im), state);
   });
   record.field("state dict algorithm", algorithm_name(state.algorithm));

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -499,4 +500,30 @@ TEST_CASE("a q8 Adam/AdamW step on CUDA parameters is bitwise the CPU step", "[g
     REQUIRE(bitwise_equal(train_q8(solo(), config, my_device()), cpu));
     if (nccl()) REQUIRE(bitwise_equal(train_q8(nccl(), config, nccl()->device()), cpu));
   }
+}
+
+// Checkpoints and state dicts move 8-bit moments through host memory only: with q8 on CUDA
+// parameters each entry point refuses by name, nothing read from or written to the device.
+TEST_CASE("q8 moments of CUDA parameters: checkpoints and state dicts refuse by name", "[gpu][zero][q8][errors]") {
+  const std::vector<int64_t> sizes = {5000};
+  Model model(sizes, my_device(), 7);
+  OptimizerConfig config;
+  config.algorithm = Algorithm::adamw;
+  config.partition = PartitionStrategy::sorted_greedy;
+  config.state_precision = StatePrecision::q8;
+  ZeroOptimizer opt(solo(), config, {model.group(0, sizes.size(), Hyperparams{}, false)});
+  opt.step();
+  const std::string why = "checkpoints and state dicts carry 8-bit moments of CPU parameters only";
+  const auto refused = [&](const std::function<void()>& call, const std::string& operation) {
+    try {
+      call();
+      FAIL(operation << " was not refused");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::unsupported);
+      CHECK_THAT(e.what(), Catch::Contains(operation) && Catch::Contains(why) && Catch::Contains("cuda:"));
+    }
+  };
+  refused([&] { opt.save("q8_cuda_ckpt_never_written"); }, "save");
+  refused([&] { opt.consolidate_state_dict(0); }, "consolidate_state_dict");
+  refused([&] { opt.load_state_dict(StateDict{}); }, "load_state_dict");
 }
