@@ -82,7 +82,13 @@ TEST_CASE("stage 2 and mixed-precision misuse is refused with errors that name i
     OptimizerConfig config;
     config.stage = 2;
     ZeroOptimizer opt(world(), config, {group});
-    CHECK_THAT(error_of([&] { opt.grad_view(0); }).second, Catch::Contains("reduce_gradient()"));
+    // Stage-2 grad views exist where the ranks share one node's gradient slots; at one rank the
+    // gradients are handed over.
+    if (world()->size() == 1) {
+      CHECK_THAT(error_of([&] { opt.grad_view(0); }).second, Catch::Contains("reduce_gradient()"));
+    } else {
+      CHECK(opt.grad_view(0).numel == 8);
+    }
     std::vector<uint16_t> g(8, narrow(0.5f, DType::bf16));
     const TensorRef grad{g.data(), 8, DType::bf16, Device::cpu()};
     CHECK_THAT(error_of([&] { opt.reduce_gradient(0, TensorRef{g.data(), 7, DType::bf16, Device::cpu()}); }).second,
