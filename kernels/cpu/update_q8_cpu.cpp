@@ -83,6 +83,16 @@ inline void quantise_scalar(const float* x, int64_t from, int64_t len, float inv
   for (int64_t i = from; i < len; ++i) codes[i] = scaled_code<kFull>(x[i], inverse, clamped, q);
 }
 
+// Elements [from, len) of a block folded into its max |x| so far (`largest`) and whether a NaN
+// was seen (`any`), one at a time.
+inline void absmax_scalar(const float* x, int64_t from, int64_t len, float& largest, bool& any) {
+  for (int64_t i = from; i < len; ++i) {
+    const float a = std::fabs(x[i]);
+    largest = a > largest ? a : largest;
+    any = any || a != a;
+  }
+}
+
 #if defined(SHARDOPT_CPU_VARIANT_AVX512)
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
 // reports once they are inlined here.
@@ -116,12 +126,9 @@ inline float block_absmax(const float* x, int64_t len, bool& nan) {
   _mm512_store_ps(lanes, largest);
   float result = 0.f;
   for (float a : lanes) result = a > result ? a : result;
-  for (; i < len; ++i) {
-    const float a = std::fabs(x[i]);
-    result = a > result ? a : result;
-    unordered |= a != a ? 1 : 0;
-  }
-  nan = unordered != 0;
+  bool any = unordered != 0;
+  absmax_scalar(x, i, len, result, any);
+  nan = any;
   return result;
 }
 
@@ -190,11 +197,7 @@ inline float block_absmax(const float* x, int64_t len, bool& nan) {
   float result = 0.f;
   for (float a : lanes) result = a > result ? a : result;
   bool any = _mm256_movemask_ps(unordered) != 0;
-  for (; i < len; ++i) {
-    const float a = std::fabs(x[i]);
-    result = a > result ? a : result;
-    any = any || a != a;
-  }
+  absmax_scalar(x, i, len, result, any);
   nan = any;
   return result;
 }
@@ -248,11 +251,7 @@ inline void dequantise(const uint8_t* codes, const uint32_t* map, float absmax, 
 inline float block_absmax(const float* x, int64_t len, bool& nan) {
   float largest = 0.f;
   bool any = false;
-  for (int64_t i = 0; i < len; ++i) {
-    const float a = std::fabs(x[i]);
-    largest = a > largest ? a : largest;
-    any = any || a != a;
-  }
+  absmax_scalar(x, 0, len, largest, any);
   nan = any;
   return largest;
 }
