@@ -57,7 +57,10 @@ void begin_overlapped_round(ZeroOptimizer::Impl& im, const comm::Agreed& agreed,
 // The opening record's fields under per_bucket: the live hyperparameters (held from here on),
 // loss scale and layout, and their hash for the ranks in join().
 void add_opening_fields(ZeroOptimizer::Impl& im, comm::AgreementRecord& record) {
-  if (!im.overlap.per_bucket()) return;
+  // A refused opening (say, a round opened before step() took in the last one's updates) leaves
+  // the round it met alone: its buckets may still be updating with the held hyperparameters on
+  // the communication thread, and its step() uses them.
+  if (!im.overlap.per_bucket() || record.failed()) return;
   im.step.release_round_hyperparams();  // (none held between rounds: the gate saw to it)
   add_step_fields(im, record);
   record.set_payload(kStepStateHash, step_state_hash(im));

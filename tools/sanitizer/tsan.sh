@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/sanitizer/tsan.sh — ThreadSanitizer over the threaded paths: the OpenMP kernels' teams (unit tests), the background checkpoint writer (checkpoint tests), the multi-rank optimizer (MPI tests) and the overlap engine's communication thread.
+# tools/sanitizer/tsan.sh — ThreadSanitizer over the threaded paths: the OpenMP kernels' teams (unit tests), the background checkpoint writer (checkpoint tests), the multi-rank optimizer (MPI tests), the overlap engine's communication thread and the remote optimizer's service thread.
 #
 #   tools/sanitizer/tsan.sh [BUILD_DIR]     (default build-tsan)
 # Builds with clang (its OpenMP runtime reports to TSan through Archer; GCC's libgomp cannot)
@@ -17,7 +17,8 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -D
   -DSHARDOPT_SANITIZE_THREAD=ON -DSHARDOPT_BUILD_TOOLS=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target shardopt-unit-tests shardopt-checkpoint-tests shardopt-mpi-tests \
   shardopt-overlap-tests shardopt-overlap-round-gate-tests shardopt-join-tests shardopt-averaging-tests \
-  shardopt-post-local-sgd-overlap-tests shardopt-node-sharing-overlap-tests shardopt-join-averaging-tests
+  shardopt-post-local-sgd-overlap-tests shardopt-node-sharing-overlap-tests shardopt-join-averaging-tests \
+  shardopt-remote-tests
 
 # ignore_noninstrumented_modules: accesses inside libomp and libmpi themselves are not ours to
 # judge (Archer supplies OpenMP's ordering); the suppressions name what remains of them.
@@ -42,5 +43,10 @@ done
 for program in overlap-round-gate join averaging post-local-sgd-overlap node-sharing-overlap join-averaging; do
   echo "== tsan: $program tests, 2 ranks"
   mpirun --oversubscribe -np 2 -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/mpi/shardopt-$program-tests"
+done
+# The remote optimizer: each owner's service thread beside its caller (MPI_THREAD_MULTIPLE).
+for np in 2 3; do
+  echo "== tsan: remote optimizer tests (service thread), $np ranks"
+  mpirun --oversubscribe -np "$np" -x OMP_TOOL_LIBRARIES -x TSAN_OPTIONS "$build/tests/remote/shardopt-remote-tests"
 done
 echo "tsan: no reports"
