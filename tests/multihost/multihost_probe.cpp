@@ -17,7 +17,8 @@
 // Exits non-zero when a shared-memory group is not exactly the ranks of one host, or when the
 // ranks end with different parameters. --mpi-only 1: MPI alone, no shardopt (the placement
 // only; node_ranks and shared_param_bytes are then 0). Named points (test_marks.hpp): "init", "step<k>"
-// (before step k's gradient reduction, k from 0), "done".
+// (before step k's gradients are written, k from 0), "reduce<k>" (just before its
+// reduce_gradients()), "done".
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -217,6 +218,7 @@ void train(const std::shared_ptr<Communicator>& comm, const Args& args, Placemen
         std::memcpy(opt.grad_view(id).data, g.data(), g.size() * sizeof(float));
       }
     }
+    shardopt_multihost::reached("reduce" + std::to_string(step), comm->rank());
     const auto start = std::chrono::steady_clock::now();
     opt.reduce_gradients();
     reduce_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());

@@ -246,6 +246,27 @@ case $case_name in
     done
     sleep 0.5
     ;;
+  survive_stall_reduce)
+    # A rank stalled inside the hierarchical average: rank 3 (host 1) is stopped (SIGSTOP) as
+    # it enters step 3's reduce_gradients() with a model large enough (16M f32) that the stop
+    # lands in the node barriers or the cross-host all-reduce. Every other rank ends with an
+    # Error naming reduce_gradients and the timeout.
+    mh_setup_hosts 2 || exit 1
+    timeout_s=4
+    MH_TIMEOUT=40
+    mh_kill_when_marked reduce3 3 STOP
+    run 2,2 "$MH_WORK/stall.log" "$probe" --steps 6 --extra-numel 16777216 --timeout "$timeout_s" &&
+      fail "the job succeeded despite the stalled rank"
+    for r in 0 1 2; do
+      line=$(mh_rank_output "$r" | grep -E "^rank $r: " | head -1)
+      expect "$line" "^rank $r: reduce_gradients: .*did not complete within $timeout_s s" \
+        "rank $r named the stalled reduction: ${line:0:200}"
+    done
+    for ns in "${MH_HOSTS[@]}"; do
+      ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    done
+    sleep 0.5
+    ;;
   *)
     echo "run_case.sh: unknown case '$case_name'"
     exit 2
