@@ -20,10 +20,12 @@
 // the K node sums, then one division. With L a power of two and K = 2 this is exactly the tree
 // the one-node path (and MPI's all-reduce of N ranks) uses when the nodes hold consecutive
 // ranks: the tree of N splits at the node boundary and a sum of two is commutative, so the
-// result is bitwise that of N ranks on one node. Otherwise the order differs: the difference
-// from the one-node average is that of two fp32 sum orders of the same N terms, at most
-// (N - 1) x eps x sum|g| / N per element (eps = 2^-23 for f32; 2^-7 for bf16, whose pairwise
-// sums round to bf16 on either path).
+// result is bitwise that of N ranks on one node (tests/multihost reduce_2x2 checks 2 x 2).
+// Otherwise (more nodes, nodes of other sizes, or ranks spread over the nodes round-robin) the
+// order differs, and so may the bits: the difference from the one-node average is that of two
+// sum orders of the same N terms, each pairwise sum rounded to the dtype on either path, at
+// most (N - 1) x eps x sum|g| / N per element plus the division's rounding (eps the dtype's:
+// 2^-23 for f32, 2^-7 for bf16, 2^-10 for f16). That bound is documented, not tested here.
 #include <algorithm>
 #include <atomic>
 
