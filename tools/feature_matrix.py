@@ -45,6 +45,11 @@ SEMANTICS = [
     # Each group's algorithm: adamw (amsgrad) in both groups, sgd (momentum 0.9), adam (amsgrad);
     # muon_mixed: the first group Muon over matrices ([37,1], [8,8], [5,1]), the second AdamW.
     ("algorithm", ["adamw", "sgd", "adam", "muon_mixed"]),
+    # The second group's state: fp32; q8 (8-bit blockwise moments, amsgrad off in that group,
+    # which 8-bit state has no form for); compact (q8 and master = remainder16). With either, the
+    # second group holds one more param of 4100 elements (q8 quantises params of 4096 and more), and
+    # the reference partitions sorted_greedy (q8 blocks stay whole on one rank; flat is refused).
+    ("state", ["fp32", "q8", "compact"]),
 ]
 WORLD = [("np", ["2", "3", "4"])]
 DIMENSIONS = WORLD + IMPLEMENTATION + SEMANTICS
@@ -68,6 +73,7 @@ KNOWN_FAILING = []
 
 
 # Refused on every rank by name, by design: (condition, a fragment of the error, why, where).
+# A fragment holds no '_': combinations.txt writes its spaces as '_'.
 # where "construction": by a constructor (the optimizer's or the averager's), every rank the same
 # error. where "call": by the call that cannot be combined (join() is a call, not a setting),
 # on every rank of the reference run and the variant alike, each with the same error code and a
@@ -75,30 +81,58 @@ KNOWN_FAILING = []
 # (and every other combination to run bitwise), and the selection covers their other pairs
 # again in combinations that run.
 REFUSED = [
+    # Refused by the optimizer's constructor, in the order it checks (the first that applies is raised).
+    ({"overlap": "per_bucket", "algorithm": "muon_mixed"},
+     "runs Muon, which updates each matrix whole once all of its gradient is reduced",
+     "per_bucket updates each bucket as soon as its reduction lands, but a Muon matrix (often spanning buckets) "
+     "needs its whole gradient before its Newton-Schulz: the optimizer refuses a Muon group with per_bucket "
+     "overlap at construction (after_backward overlaps and runs Muon)", "construction"),
+    ({"state": ["q8", "compact"], "algorithm": "sgd"},
+     "is implemented for adam and adamw",
+     "8-bit blockwise state exists for Adam's two moments; SGD's momentum keeps fp32 state, so a q8 SGD group is "
+     "refused at construction", "construction"),
+    ({"state": ["q8", "compact"], "partition": "flat"},
+     "(8-bit blockwise moments) needs partition",
+     "flat cuts parameters at equal shard boundaries, which may fall inside a 256-element q8 block, so N ranks "
+     "would quantise differently from one (docs/compact_state.md); q8 groups need sorted_greedy", "construction"),
+    ({"state": ["q8", "compact"], "overlap": "per_bucket"},
+     "buckets would cut blocks",
+     "per_bucket updates bucket by bucket, and buckets would cut q8 blocks", "construction"),
+    ({"state": "compact", "dtype": "f32"},
+     "master = remainder16 needs bf16 parameters",
+     "a 16-bit remainder rebuilds the fp32 master of a bf16 parameter; an f32 parameter is its own master",
+     "construction"),
+    ({"state": "compact", "local_sgd": ["replicas1", "replicas2", "outer"]},
+     "model averaging averages fp32 masters, so build the optimizer with master = fp32",
+     "the replicas' averaging averages fp32 masters, which a remainder16 group does not keep: the "
+     "PostLocalSGDOptimizer (its ModelAverager) refuses it at construction", "construction"),
     ({"np": "4", "overlap": ["after_backward", "per_bucket"], "local_sgd": "replicas2"},
      "averages gradients across 2 replicas on the caller's thread",
      "post-local SGD's warmup all-reduces gradients across replicas on the caller's thread while the overlap's "
      "communication thread reduces the same buffers (two threads in MPI under MPI_THREAD_SERIALIZED): "
      "PostLocalSGDOptimizer refuses an overlapped optimizer unless warmup_steps is 0", "construction"),
+    # Refused by a call, in the order the program makes the calls.
+    ({"state": ["q8", "compact"], "mid_op": ["set_trainable", "add_param_group"]},
+     "whose blocks are laid out once, so it does not support layout changes",
+     "q8 blocks are laid out once per parameter: set_trainable and add_param_group are refused by name on every "
+     "rank when a group keeps 8-bit moments", "call"),
     ({"local_sgd": ["replicas1", "replicas2", "outer"], "join": "on"},
      "Join does not combine with model averaging (rank",
      "Join under post-local SGD: join() is refused where it is called (Error(unsupported) naming the rank that "
      "called it), and the refusal travels into the next agreement of the replica and of each averaging group, so "
      "every rank of the world raises it by name at its next call that meets that rank, none by timeout "
      "(the replicas' averaging has no way to shadow a rank out of inputs)", "call"),
-    ({"overlap": "per_bucket", "algorithm": "muon_mixed"},
-     "runs Muon, which updates each matrix whole once all of its gradient is reduced",
-     "per_bucket updates each bucket as soon as its reduction lands, but a Muon matrix (often spanning buckets) "
-     "needs its whole gradient before its Newton-Schulz: the optimizer refuses a Muon group with per_bucket "
-     "overlap at construction (after_backward overlaps and runs Muon)", "construction"),
 ]
 
 
+def first_refusal(row):
+    """The index in REFUSED of the refusal a run of `row` raises (the first that applies), or None."""
+    return next((i for i, (condition, *_) in enumerate(REFUSED) if matches(condition, row)), None)
+
+
 def refusal(row):
-    for condition, fragment, reason, where in REFUSED:
-        if matches(condition, row):
-            return fragment, reason, where
-    return None
+    index = first_refusal(row)
+    return None if index is None else REFUSED[index][1:]
 
 
 def is_reference(row):
@@ -167,13 +201,24 @@ def all_pairs():
             if not row_fails or failing(dict(pair)):
                 uncovered.discard(pair)
         rows.append({names[d]: row[d] for d in range(len(names))})
-    # One run per designed refusal the pairs did not already bring, so the test sees each
-    # refused as it should be.
-    for condition, *_ in REFUSED:
-        if any(matches(condition, r) for r in rows):
+    # One run per designed refusal that no row raises yet (a row matching several raises the
+    # first), so the test sees each refused as it should be: the condition's first values, the
+    # others at the reference's unless that lets an earlier refusal apply.
+    for index, (condition, *_) in enumerate(REFUSED):
+        if any(first_refusal(r) == index for r in rows):
             continue
         row = {n: (condition[n] if isinstance(condition.get(n), str) else
                    condition[n][0] if n in condition else values[n][0]) for n in names}
+        for n in names:
+            if first_refusal(row) == index:
+                break
+            if n in condition:
+                continue
+            # The row always matches the condition, so its first refusal is this one or an
+            # earlier one: take the value that puts the earliest refusal latest.
+            trials = [dict(row, **{n: v}) for v in values[n]]
+            row = max((t for t in trials if valid(t)), key=first_refusal)
+        assert first_refusal(row) == index, f"no combination raises refusal {index} first"
         rows.append(row)
     rows.sort(key=lambda r: [int(r["np"])] + [values[n].index(r[n]) for n in names[1:]])
     return rows
@@ -187,6 +232,8 @@ def known_failing(row):
 
 
 def combinations_text():
+    for _, fragment, *_ in REFUSED:
+        assert "_" not in fragment, f"refusal fragment {fragment!r} holds '_', which the test reads as a space"
     rows = all_pairs()
     names = [d for d, _ in DIMENSIONS]
     lines = ["# tests/matrix/combinations.txt — written by tools/feature_matrix.py (do not edit): "
@@ -259,7 +306,8 @@ def table_text(outcome_paths):
         out.append(f"- `{d}`: {', '.join(vals)}")
     out += ["", "Each combination must either give parameters bitwise equal to the plain reference run of",
             "the same program (overlap off, stage 1, flat, node sharing off; the same dtype, local SGD,",
-            "Join, mid-run operation and LR change; the same world size) on every rank, or be refused by",
+            "Join, mid-run operation, LR change, algorithm and state; the same world size; with 8-bit",
+            "state the reference partitions sorted_greedy, as q8 needs) on every rank, or be refused by",
             "name on every rank: by a constructor (the optimizer's or the averager's), every rank the same",
             "error, or, for a combination that a call makes (join()), by that call and the calls that meet",
             "it, every rank of both runs the same error code (never a timeout) naming the refusal.",

@@ -69,9 +69,10 @@ class SHARDOPT_API CommBackend {
   // from a thread other than the one that set it up, as the optimizer's communication thread
   // does under config.overlap (e.g. MPI below MPI_THREAD_SERIALIZED). The default allows it.
   virtual void require_serialized_calls() const {}
-  // The CommOptions.timeout_seconds this transport bounds its waits by (0: none, the default),
-  // for the optimizer's own waits on peers outside collectives (the node's gradient slots).
-  virtual double timeout_seconds() const { return 0.0; }
+  // The seconds the optimizer's own waits on peers outside collectives (the node's gradient
+  // slots) may take before Error(timeout); 0 waits without bound. The default is CommOptions'
+  // default, so a transport that shares memory but does not say stays bounded: never a hang.
+  virtual double timeout_seconds() const { return CommOptions{}.timeout_seconds; }
 };
 
 // The transport under `comm`. For backends that wrap a Communicator and hand its split

@@ -4,18 +4,16 @@
 // Error(unsupported) when SHARDOPT_CPU_ISA names one this CPU lacks) and cached; afterwards a
 // call costs one indirect jump.
 #include "cpu/kernel_table.hpp"
-#include "cpu/loop_support.hpp"
+#include "update_checks.hpp"
 
 namespace shardopt {
 namespace kernels {
 
-using namespace cpu_loops;
-
 void sgd_update_cpu(const UpdateTensors& t, float* momentum_buf, int64_t n, const SgdScalars& s,
                     const GradTransform& gt, const Rounding& r, int threads) {
   if (n <= 0) return;
-  check_tensors(t, "sgd_update_cpu");
-  check_rounding(t, r, "sgd_update_cpu");
+  check_update_tensors(t, "sgd_update_cpu");
+  check_remainder_rounding(t, r, "sgd_update_cpu");
   if (s.use_momentum) check_buffer(momentum_buf, "sgd_update_cpu", "momentum_buf");
   active_cpu_kernels().sgd_update(t, momentum_buf, n, s, gt, r, threads);
 }
@@ -24,8 +22,8 @@ void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
                      float* max_exp_avg_sq, int64_t n, const AdamScalars& s,
                      const GradTransform& gt, const Rounding& r, int threads) {
   if (n <= 0) return;
-  check_tensors(t, "adam_update_cpu");
-  check_rounding(t, r, "adam_update_cpu");
+  check_update_tensors(t, "adam_update_cpu");
+  check_remainder_rounding(t, r, "adam_update_cpu");
   check_buffer(exp_avg, "adam_update_cpu", "exp_avg");
   check_buffer(exp_avg_sq, "adam_update_cpu", "exp_avg_sq");
   if (s.amsgrad) check_buffer(max_exp_avg_sq, "adam_update_cpu", "max_exp_avg_sq");
@@ -35,8 +33,8 @@ void adam_update_cpu(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
 void adam_update_q8_cpu(const UpdateTensors& t, const Q8Moments& q, int64_t n, const AdamScalars& s,
                         const GradTransform& gt, const Rounding& r, int threads) {
   if (n <= 0) return;
-  check_tensors(t, "adam_update_q8_cpu");
-  check_rounding(t, r, "adam_update_q8_cpu");
+  check_update_tensors(t, "adam_update_q8_cpu");
+  check_remainder_rounding(t, r, "adam_update_q8_cpu");
   check_buffer(q.exp_avg, "adam_update_q8_cpu", "exp_avg");
   check_buffer(q.exp_avg_sq, "adam_update_q8_cpu", "exp_avg_sq");
   check_buffer(q.exp_avg_absmax, "adam_update_q8_cpu", "exp_avg_absmax");

@@ -7,9 +7,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/loop_support.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include "precision.hpp"
 
 SHARDOPT_CPU_VARIANT_BEGIN
@@ -71,10 +76,69 @@ void sum_tree(const void* const* inputs, int lo, int hi, int64_t first, int64_t 
   add_block<Format>(out, scratch, n);
 }
 
+#if defined(__x86_64__)
+// f32 averages stored past the caches. For an output that aliases no input (stage 2's shard
+// gradients) a plain store first reads each line it writes, a third more bytes over the memory
+// bus for this 2-in-1-out pattern; non-temporal stores skip that read. The same division as
+// store_block, so the same bits.
+void stream_block_f32(const float* __restrict acc, float* __restrict dst, int64_t n, float divisor) {
+#if defined(SHARDOPT_CPU_VARIANT_AVX512)
+  constexpr int64_t kLanes = 16;
+#elif defined(SHARDOPT_CPU_VARIANT_AVX2)
+  constexpr int64_t kLanes = 8;
+#else
+  constexpr int64_t kLanes = 4;
+#endif
+  int64_t i = 0;
+  // Up to the vector's alignment with plain stores (streaming stores need an aligned address).
+  while (i < n && reinterpret_cast<uintptr_t>(dst + i) % (kLanes * sizeof(float)) != 0) {
+    dst[i] = acc[i] / divisor;
+    ++i;
+  }
+#if defined(SHARDOPT_CPU_VARIANT_AVX512)
+  const __m512 d = _mm512_set1_ps(divisor);
+  for (; i + kLanes <= n; i += kLanes) _mm512_stream_ps(dst + i, _mm512_div_ps(_mm512_loadu_ps(acc + i), d));
+#elif defined(SHARDOPT_CPU_VARIANT_AVX2)
+  const __m256 d = _mm256_set1_ps(divisor);
+  for (; i + kLanes <= n; i += kLanes) _mm256_stream_ps(dst + i, _mm256_div_ps(_mm256_loadu_ps(acc + i), d));
+#else
+  const __m128 d = _mm_set1_ps(divisor);
+  for (; i + kLanes <= n; i += kLanes) _mm_stream_ps(dst + i, _mm_div_ps(_mm_loadu_ps(acc + i), d));
+#endif
+  for (; i < n; ++i) dst[i] = acc[i] / divisor;
+}
+#endif
+
+// Whether the outputs of an f32 average go out with streaming stores: large ones that alias no
+// input. (An output that is also an input was read just before it is written, so its lines are
+// in L1 and a plain store costs nothing extra.)
+bool streams_outputs(const void* const* inputs, int input_count, void* const* outputs, int output_count, DType dtype,
+                     int64_t n) {
+#if defined(__x86_64__)
+  constexpr int64_t kStreamBytes = 1 << 20;  // below this the output may well be read from cache next
+  if (dtype != DType::f32 || n * static_cast<int64_t>(sizeof(float)) < kStreamBytes) return false;
+  const auto overlaps = [n](const void* a, const void* b) {
+    const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+    const uintptr_t bytes = static_cast<uintptr_t>(n) * sizeof(float);
+    return x < y + bytes && y < x + bytes;
+  };
+  for (int j = 0; j < output_count; ++j) {
+    for (int i = 0; i < input_count; ++i) {
+      if (overlaps(outputs[j], inputs[i])) return false;
+    }
+  }
+  return true;
+#else
+  (void)inputs, (void)input_count, (void)outputs, (void)output_count, (void)dtype, (void)n;
+  return false;
+#endif
+}
+
 template <typename Format>
 void average_range(const void* const* inputs, int input_count, void* const* outputs, int output_count, int64_t begin,
-                   int64_t end, float divisor) {
+                   int64_t end, float divisor, bool stream) {
   using Storage = typename Format::Storage;
+  (void)stream;  // used by the x86 streaming path only
   int levels = 1;
   while ((1 << (levels - 1)) < input_count) ++levels;
   std::vector<float> blocks(static_cast<std::size_t>((levels + 1) * kBlock));
@@ -82,19 +146,31 @@ void average_range(const void* const* inputs, int input_count, void* const* outp
     const int64_t n = std::min(kBlock, end - first);
     sum_tree<Format>(inputs, 0, input_count, first, n, blocks.data(), blocks.data() + kBlock);
     for (int j = 0; j < output_count; ++j) {
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<Format, F32Format>) {
+        if (stream) {
+          stream_block_f32(blocks.data(), static_cast<float*>(outputs[j]) + first, n, divisor);
+          continue;
+        }
+      }
+#endif
       store_block<Format>(blocks.data(), static_cast<Storage*>(outputs[j]) + first, n, divisor);
     }
   }
+#if defined(__x86_64__)
+  if (stream) _mm_sfence();  // streaming stores are weakly ordered: complete them before the caller signals peers
+#endif
 }
 
 }  // namespace
 
 void average_slots(const void* const* inputs, int input_count, void* const* outputs, int output_count, DType dtype,
                    int64_t n, float divisor, int threads) {
+  const bool stream = streams_outputs(inputs, input_count, outputs, output_count, dtype, n);
   const auto run = [&](auto format) {
     using Format = decltype(format);
     parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
-      average_range<Format>(inputs, input_count, outputs, output_count, b, e, divisor);
+      average_range<Format>(inputs, input_count, outputs, output_count, b, e, divisor, stream);
     });
   };
   switch (dtype) {

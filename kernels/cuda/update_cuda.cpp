@@ -9,6 +9,7 @@
 #include "cuda/cuda_launchers.hpp"
 #include "grad_stats.hpp"
 #include "kernel_check.hpp"
+#include "update_checks.hpp"
 
 namespace shardopt {
 namespace kernels {
@@ -89,40 +90,6 @@ class Workspace {
   bool owned_ = false;
 };
 
-void check_dtype(DType dtype, const char* op) {
-  SHARDOPT_KERNEL_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
-                        invalid_argument, "{}: unknown dtype {}", op, static_cast<int>(dtype));
-}
-
-// The checks every update shares: the parameter and gradient exist, and a master exists
-// exactly when the parameter is 16-bit.
-void check_tensors(const UpdateTensors& t, int64_t n, const char* op) {
-  check_dtype(t.dtype, op);
-  check_span(t.param, n, op, "param");
-  check_span(t.grad, n, op, "grad");
-  if (t.master_remainder != nullptr) {
-    SHARDOPT_KERNEL_CHECK(t.dtype == DType::bf16 && t.master == nullptr, invalid_argument,
-                          "{}: `master_remainder` holds the master of bf16 parameters in place of `master`, but the "
-                          "parameter is {} and `master` is {}",
-                          op, dtype_name(t.dtype), t.master == nullptr ? "null" : "set");
-    return;
-  }
-  if (t.dtype == DType::f32) {
-    SHARDOPT_KERNEL_CHECK(t.master == nullptr, invalid_argument,
-                          "{}: an f32 parameter is its own master, but `master` is not null", op);
-  } else {
-    SHARDOPT_KERNEL_CHECK(t.master != nullptr, invalid_argument,
-                          "{}: a {} parameter needs an fp32 master, but `master` is null", op,
-                          dtype_name(t.dtype));
-  }
-}
-
-// Remainders go with nearest rounding only (as on the CPU).
-void check_remainder_rounding(const UpdateTensors& t, const Rounding& r, const char* op) {
-  SHARDOPT_KERNEL_CHECK(t.master_remainder == nullptr || !r.stochastic, invalid_argument,
-                        "{}: stochastic rounding cannot combine with `master_remainder`", op);
-}
-
 CompactCommon compact_common(const UpdateTensors& t, int64_t n, const GradTransform& gt, const Rounding& r) {
   CompactCommon c;
   c.t = t;
@@ -181,7 +148,7 @@ void sgd_update_cuda(const UpdateTensors& t, float* momentum_buf, int64_t n, con
   const char* op = "sgd_update_cuda";
   SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   if (n == 0) return;
-  check_tensors(t, n, op);
+  check_update_tensors(t, op);
   if (s.use_momentum) check_span(momentum_buf, n, op, "momentum_buf");
   if (t.master_remainder != nullptr) {
     check_remainder_rounding(t, r, op);
@@ -212,7 +179,7 @@ void adam_update_cuda(const UpdateTensors& t, float* exp_avg, float* exp_avg_sq,
   const char* op = "adam_update_cuda";
   SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   if (n == 0) return;
-  check_tensors(t, n, op);
+  check_update_tensors(t, op);
   check_span(exp_avg, n, op, "exp_avg");
   check_span(exp_avg_sq, n, op, "exp_avg_sq");
   if (s.amsgrad) check_span(max_exp_avg_sq, n, op, "max_exp_avg_sq");
@@ -247,7 +214,7 @@ void adam_update_q8_cuda(const UpdateTensors& t, const Q8Moments& q, int64_t n, 
   const char* op = "adam_update_q8_cuda";
   SHARDOPT_KERNEL_CHECK(n >= 0, invalid_argument, "{}: negative element count {}", op, n);
   if (n == 0) return;
-  check_tensors(t, n, op);
+  check_update_tensors(t, op);
   check_remainder_rounding(t, r, op);
   check_span(q.exp_avg, n, op, "exp_avg");
   check_span(q.exp_avg_sq, n, op, "exp_avg_sq");

@@ -39,7 +39,7 @@ struct Combination {
   // "c07 np=2 overlap=after_backward ..." for messages.
   std::string describe() const {
     std::string out = id + " np=" + std::to_string(np);
-    for (const char* d : {"overlap", "stage", "partition", "nodes", "dtype", "local_sgd", "join", "mid_op", "lr_change", "algorithm"}) {
+    for (const char* d : {"overlap", "stage", "partition", "nodes", "dtype", "local_sgd", "join", "mid_op", "lr_change", "algorithm", "state"}) {
       out += std::string(" ") + d + "=" + (*this)[d];
     }
     return out;

@@ -1,4 +1,4 @@
-// tests/matrix/matrix_program.cpp — the feature matrix's training program: a few steps of the combination's algorithm (AdamW, SGD, Adam, or Muon beside AdamW) driven as a trainer drives each feature, with gradients that are functions of (step, rank, param).
+// tests/matrix/matrix_program.cpp — the feature matrix's training program: a few steps of the combination's algorithm (AdamW, SGD, Adam, or Muon beside AdamW; the second group's state fp32, 8-bit or 8-bit with remainder masters) driven as a trainer drives each feature, with gradients that are functions of (step, rank, param).
 #include "matrix_program.hpp"
 
 #include <cstring>
@@ -18,6 +18,9 @@ namespace {
 const std::vector<int64_t> kSizes = {37, 64, 5, 130, 19, 70};
 constexpr std::size_t kFirstGroupSize = 3;
 constexpr int64_t kExtraSize = 40;  // the param add_param_group adds
+// With 8-bit state the second group also holds a param this large: q8 quantises params of
+// kernels' kQ8MinNumel (4096) elements and more, and keeps fp32 moments for smaller ones.
+constexpr int64_t kQ8Size = 4100;
 constexpr int kBatches = 4;         // without Join; with it even ranks train 3, odd ones 5
 constexpr int kFrozen = 3;          // the param set_trainable freezes after step 1, thaws after step 2
 // Short: a rank left behind fails its peers in seconds instead of hanging the test.
@@ -63,14 +66,17 @@ struct Params {
   }
 };
 
-Hyperparams group_hyperparams(double lr, const Combination& c) {
+bool compact_state(const Combination& c) { return !c.is("state", "fp32"); }
+
+// amsgrad in Adam's groups, except one keeping 8-bit moments (max_exp_avg_sq has no 8-bit form).
+Hyperparams group_hyperparams(double lr, const Combination& c, bool q8_group) {
   Hyperparams h;
   h.lr = lr;
   h.weight_decay = 0.02;
   if (c.is("algorithm", "sgd")) {
     h.momentum = 0.9;
   } else {
-    h.amsgrad = true;
+    h.amsgrad = !q8_group;
   }
   return h;
 }
@@ -100,8 +106,10 @@ OptimizerConfig optimizer_config(const Combination& c, bool reference) {
                    : c.is("overlap", "per_bucket")     ? OverlapPolicy::per_bucket
                                                        : OverlapPolicy::off;
   config.stage = reference ? 1 : std::stoi(c["stage"]);
-  config.partition = !reference && c.is("partition", "sorted_greedy") ? PartitionStrategy::sorted_greedy
-                                                                       : PartitionStrategy::flat;
+  // 8-bit blocks stay whole on one rank only under sorted_greedy (flat is refused), so the
+  // reference of a compact-state combination partitions that way.
+  const bool sorted = reference ? compact_state(c) : c.is("partition", "sorted_greedy");
+  config.partition = sorted ? PartitionStrategy::sorted_greedy : PartitionStrategy::flat;
   config.node_shared_params = !reference && !c.is("nodes", "off");
   return config;
 }
@@ -131,8 +139,10 @@ class Program {
     stage_ = config.stage;
     overlapped_ = config.overlap != OverlapPolicy::off;
     ParamGroupSpec first, second;
-    first.hyper = group_hyperparams(0.01, c_);
-    second.hyper = group_hyperparams(0.02, c_);
+    first.hyper = group_hyperparams(0.01, c_, false);
+    second.hyper = group_hyperparams(0.02, c_, compact_state(c_));
+    if (compact_state(c_)) second.settings.state_precision = StatePrecision::q8;
+    if (c_.is("state", "compact")) second.settings.master = MasterStorage::remainder16;
     const bool muon = c_.is("algorithm", "muon_mixed");
     if (muon) {
       // Muon's own defaults (momentum 0.95, nesterov) under the matrix's lr and decay.
@@ -145,6 +155,10 @@ class Program {
       (i < kFirstGroupSize ? first : second).params.push_back(params_.spec("p" + std::to_string(i), static_cast<int>(i), kSizes[i]));
       if (muon && i < kFirstGroupSize) first.params.back().shape = kMatrixShapes[i];
       sizes_.push_back(kSizes[i]);
+    }
+    if (compact_state(c_)) {
+      second.params.push_back(params_.spec("q8", static_cast<int>(sizes_.size()), kQ8Size));
+      sizes_.push_back(kQ8Size);
     }
     phase_ = "construct.ZeroOptimizer";
     opt_ = std::make_unique<ZeroOptimizer>(replica, config, std::vector<ParamGroupSpec>{first, second});
@@ -244,7 +258,7 @@ class Program {
       opt_->set_trainable(kFrozen, false);
     } else if (op == "add_param_group") {
       ParamGroupSpec extra;
-      extra.params.push_back(params_.spec("extra", static_cast<int>(kSizes.size()), kExtraSize));
+      extra.params.push_back(params_.spec("extra", static_cast<int>(sizes_.size()), kExtraSize));
       extra.hyper.lr = 0.03;  // the other fields from the optimizer's defaults
       opt_->add_param_group(extra);
       sizes_.push_back(kExtraSize);
@@ -263,9 +277,9 @@ class Program {
 
   // The consolidated dict holds state for every param that has stepped.
   void check_state(const StateDict& dict) const {
-    if (dict.state.size() != kSizes.size()) {
+    if (dict.state.size() != sizes_.size()) {
       throw std::runtime_error("state_dict() holds " + std::to_string(dict.state.size()) + " params' state, not " +
-                               std::to_string(kSizes.size()));
+                               std::to_string(sizes_.size()));
     }
   }
 

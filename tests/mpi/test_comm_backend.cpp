@@ -73,6 +73,9 @@ TEST_CASE("a transport with only the required calls serves every Communicator ca
   CHECK(comm.cuda_stream() == nullptr);
   CHECK(comm.split_node() == nullptr);
   CHECK_NOTHROW(backend->require_serialized_calls());
+  // A transport that does not say how long a peer may take is still bounded (CommOptions' default).
+  CHECK(comm.timeout_seconds() == CommOptions{}.timeout_seconds);
+  CHECK(comm.timeout_seconds() > 0);
 
   // The blocking forms arrive as the nonblocking ones, and give the MPI communicator's values.
   std::vector<float> b(5, me == n - 1 ? 2.5f : 0.f);

@@ -23,6 +23,7 @@ namespace {
 
 using namespace shardopt;
 using shardopt_test::error_of;
+using shardopt_test::param_bytes;
 using shardopt_test::world;
 
 // 8-bit params (a partial last block, exactly 4096, several blocks) beside params under
@@ -93,16 +94,6 @@ void feed(ZeroOptimizer& opt, int step, const Setup& s) {
   }
   opt.reduce_gradients();
   opt.step();
-}
-
-std::vector<std::vector<char>> params_of(const ZeroOptimizer& opt) {
-  std::vector<std::vector<char>> out;
-  for (ParamId id = 0; id < opt.num_params(); ++id) {
-    const TensorRef v = opt.param_view(id);
-    const char* c = static_cast<const char*>(v.data);
-    out.emplace_back(c, c + v.numel * static_cast<int64_t>(dtype_size(v.dtype)));
-  }
-  return out;
 }
 
 std::string scratch(const std::string& name) {
@@ -185,15 +176,15 @@ TEST_CASE("q8 checkpoints: saved at N ranks, loaded at every world size, continu
       resumed->load(dir);
       REQUIRE(resumed->param_step(resumed->find_param("q3")) == kSavedAt);
       for (int step = kSavedAt; step < kSteps; ++step) feed(*resumed, step, s);
-      REQUIRE(params_of(*resumed) == params_of(*reference));
+      REQUIRE(param_bytes(*resumed) == param_bytes(*reference));
     }
     // The saving optimizer itself goes on as if it had not saved.
     for (int step = kSavedAt; step < kSteps; ++step) feed(*saved, step, s);
-    REQUIRE(params_of(*saved) == params_of(*reference));
+    REQUIRE(param_bytes(*saved) == param_bytes(*reference));
     // And the continuation differs from a run that restarted its 8-bit moments from zero.
     auto restarted = make(world(), s);
     for (int step = kSavedAt; step < kSteps; ++step) feed(*restarted, step, s);
-    REQUIRE(params_of(*restarted) != params_of(*reference));
+    REQUIRE(param_bytes(*restarted) != param_bytes(*reference));
   }
 }
 
@@ -322,7 +313,7 @@ TEST_CASE("q8 state dicts: torchao's codes and scale per 8-bit moment, consolida
     }
     resumed->load_state_dict(dict);
     for (int step = kSavedAt; step < kSteps; ++step) feed(*resumed, step, s);
-    REQUIRE(params_of(*resumed) == params_of(*reference));
+    REQUIRE(param_bytes(*resumed) == param_bytes(*reference));
     // 8-bit state into fp32 moments, and a damaged 8-bit entry, refused by name.
     Setup fp32 = s;
     fp32.group0 = StatePrecision::fp32;

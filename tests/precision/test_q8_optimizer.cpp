@@ -22,6 +22,7 @@ namespace {
 
 using namespace shardopt;
 using shardopt_test::error_of;
+using shardopt_test::param_bytes;
 using shardopt_test::world;
 
 std::shared_ptr<Communicator> solo() { return world()->split(world()->rank(), 0); }
@@ -104,16 +105,6 @@ void feed(ZeroOptimizer& opt, int step, const Setup& s) {
   opt.step();
 }
 
-std::vector<std::vector<char>> params_of(const ZeroOptimizer& opt) {
-  std::vector<std::vector<char>> out;
-  for (ParamId id = 0; id < opt.num_params(); ++id) {
-    const TensorRef v = opt.param_view(id);
-    const char* c = static_cast<const char*>(v.data);
-    out.emplace_back(c, c + v.numel * static_cast<int64_t>(dtype_size(v.dtype)));
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("q8: the optimizer's step is the fused kernel's, and small params keep fp32 moments", "[q8]") {
@@ -171,9 +162,9 @@ TEST_CASE("q8: N ranks give one rank's bits: f32, bf16 with fp32 masters and rem
       feed(*sharded, step, s);
       feed(*single, step, one);
     }
-    REQUIRE(params_of(*sharded) == params_of(*single));
+    REQUIRE(param_bytes(*sharded) == param_bytes(*single));
     auto untouched = make(one);
-    REQUIRE(params_of(*untouched) != params_of(*single));
+    REQUIRE(param_bytes(*untouched) != param_bytes(*single));
   }
 }
 

@@ -132,3 +132,35 @@ TEST_CASE("average_slots_cpu refuses null buffers and a count out of range by na
   REQUIRE_THROWS_WITH(average_slots_cpu(inputs, 0, outputs, 1, DType::f32, 1, 2.f, 1),
                       Catch::Contains("0 inputs"));
 }
+
+TEST_CASE("large f32 outputs apart from the inputs (streamed past the caches) get the in-place average's bits",
+          "[cpu-isa][variants][average-slots]") {
+  // Over 1 MiB of f32 with outputs that alias no input: the streaming-store path. Outputs one
+  // element past an aligned address, so its plain-store head and tail run too.
+  const CpuFeatures cpu = detect_cpu_features();
+  const int64_t n = 300007;
+  const int count = 3;
+  std::vector<std::vector<uint8_t>> in_place;
+  for (int r = 0; r < count; ++r) in_place.push_back(random_slot(static_cast<uint32_t>(41 + r), n, DType::f32));
+  const std::vector<std::vector<uint8_t>> inputs_storage = in_place;
+  std::vector<const void*> in_place_inputs;
+  std::vector<void*> in_place_outputs;
+  for (auto& slot : in_place) {
+    in_place_inputs.push_back(slot.data());
+    in_place_outputs.push_back(slot.data());
+  }
+  average_slots_cpu(in_place_inputs.data(), count, in_place_outputs.data(), count, DType::f32, n, 3.0f, 1);
+  std::vector<const void*> inputs;
+  for (const auto& s : inputs_storage) inputs.push_back(s.data());
+  for (int i = 0; i < kCpuIsaCount; ++i) {
+    const CpuIsa isa = static_cast<CpuIsa>(i);
+    if (!cpu_isa_compiled(isa) || !cpu_runs_isa(isa, cpu)) continue;
+    std::vector<float> first(static_cast<std::size_t>(n) + 1, -1.f), second(static_cast<std::size_t>(n) + 1, -1.f);
+    void* outputs[2] = {first.data() + 1, second.data() + 1};
+    cpu_kernel_table(isa).average_slots(inputs.data(), count, outputs, 2, DType::f32, n, 3.0f, 2);
+    CAPTURE(static_cast<int>(isa));
+    REQUIRE(first[0] == -1.f);
+    REQUIRE(std::memcmp(first.data() + 1, in_place[0].data(), static_cast<std::size_t>(n) * 4) == 0);
+    REQUIRE(std::memcmp(second.data() + 1, in_place[0].data(), static_cast<std::size_t>(n) * 4) == 0);
+  }
+}

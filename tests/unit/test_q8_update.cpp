@@ -311,6 +311,14 @@ TEST_CASE("q8: every ISA variant writes the same codes, absmax and parameters, N
     const std::vector<float>& a = floats_by_variant[v];
     const std::vector<float>& b = floats_by_variant[0];
     REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(float_bits(a[i]) == float_bits(b[i]));
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(v, i);
+      // NaN where the baseline has NaN; its sign and payload are not compared: when both operands
+      // of an operation are NaN, IEEE 754 leaves which one propagates open, and a compiler may
+      // commute the operands differently per variant (clang does here for a block whose state
+      // went NaN). Every other value is compared bit for bit.
+      if (a[i] != a[i] && b[i] != b[i]) continue;
+      REQUIRE(float_bits(a[i]) == float_bits(b[i]));
+    }
   }
 }

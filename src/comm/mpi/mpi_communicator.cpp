@@ -117,23 +117,7 @@ class MpiBackend final : public CommBackend {
   double timeout_seconds() const override { return state_->options().timeout_seconds; }
   MPI_Comm mpi_comm() const { return state_->comm(); }
 
-  void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
-    broadcast_async(buffer, count, dtype, root)->wait();
-  }
-  void all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
-    all_gather_async(send, recv, count, dtype)->wait();
-  }
-  void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) override {
-    all_reduce_async(buffer, count, dtype, op)->wait();
-  }
-  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
-                      ReduceOp op) override {
-    reduce_scatter_async(send, recv, count, dtype, op)->wait();
-  }
-  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
-              int root) override {
-    reduce_async(send, recv, count, dtype, op, root)->wait();
-  }
+  // The blocking collectives are CommBackend's: start the nonblocking form, then wait.
   void barrier() override {
     state_->check_usable("barrier");
     MPI_Request request;

@@ -56,25 +56,7 @@ class NcclBackend final : public CommBackend {
   bool cuda_aware() const override { return true; }
   void* cuda_stream() const override { return state_->cuda_stream(); }
 
-  void broadcast(void* buffer, int64_t count, DType dtype, int root) override {
-    broadcast_async(buffer, count, dtype, root)->wait();
-  }
-  void all_gather(const void* send, void* recv, int64_t count, DType dtype) override {
-    all_gather_async(send, recv, count, dtype)->wait();
-  }
-  void all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op) override {
-    all_reduce_async(buffer, count, dtype, op)->wait();
-  }
-
-  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype,
-                      ReduceOp op) override {
-    reduce_scatter_async(send, recv, count, dtype, op)->wait();
-  }
-  void reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
-              int root) override {
-    reduce_async(send, recv, count, dtype, op, root)->wait();
-  }
-
+  // The blocking collectives are CommBackend's: start the nonblocking form, then wait.
   void barrier() override {
     NcclState& s = *state_;
     issue("barrier", 1, [&](ncclComm_t comm, cudaStream_t stream) {
