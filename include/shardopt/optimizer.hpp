@@ -365,8 +365,9 @@ class SHARDOPT_API ZeroOptimizer {
   int param_owner(ParamId id) const;
 
   // bucket_view: views into shardopt's flat buffers; external: the caller's buffers.
-  // grad_view at stage 2 with bucket view: only on one node with node_shared_params (several
-  // ranks), where the view is this rank's node-shared gradient slot (write the backward's
+  // grad_view at stage 2 with bucket view: only with node_shared_params (several ranks) on one
+  // node, or without config.overlap on nodes of equal size (the hierarchical reduction), where
+  // the view is this rank's node-shared gradient slot (write the backward's
   // gradients there and call reduce_gradients(), or grad_ready(id) with config.overlap: no
   // hand-over copy); refused elsewhere.
   TensorRef param_view(ParamId id) const;

@@ -6,13 +6,17 @@
 // instead of MPI's copies through bounce buffers. Its summation order is the binomial tree of
 // MPI's in-place all-reduce, so both paths give the same bits. With config.overlap the buckets
 // still go through MPI (overlap.cpp), over the same slots. External storage on one node copies
-// the caller's gradients into its slot first and the average back out. Across nodes: the MPI
-// path.
+// the caller's gradients into its slot first and the average back out. Across nodes with
+// node-shared slots (nodes of equal size, no overlap: ShardState::map_grad_slots): each node's
+// reduce-scatter through its slots, an all-reduce of each share among the nodes, the average
+// written back into every slot (grad_reducer_hierarchy.cpp, which documents the sum order).
+// Across nodes without slots (uneven nodes, config.overlap, no sharing): the MPI path.
 //
-// Stage 2 on one node with node-shared parameters (either storage): the gradients are in this
-// rank's node-shared slot (bucket view: written there through grad_view() as at stage 1, or
-// copied in by each hand-over; external storage: copied in), and the round's end is stage 1's
-// barrier, sum and barrier with this rank's shard gradients as the only output: no MPI.
+// Stage 2 with node-shared slots (either storage): the gradients are in this rank's node-shared
+// slot (bucket view: written there through grad_view() as at stage 1, or copied in by each
+// hand-over; external storage: copied in). On one node the round's end is stage 1's barrier,
+// sum and barrier with this rank's shard gradients as the only output: no MPI. Across nodes it
+// is stage 1's hierarchical average, and the rank copies its shard out of its own slot.
 //
 // Stage 2 otherwise: the layout's positions [0, buffer_numel) are cut into buckets of bucket_elements.
 // Each rank's shard is a contiguous range of positions, so a bucket meets each rank's shard in
@@ -81,11 +85,19 @@ void GradReducer::all_reduce_bucket_view() {
 // which would need views that move after the reduction.
 void GradReducer::average_on_node(const NodeGradSlots& slots) {
   const DType dt = shard_.dtype();
+  average_into_every_slot(slots);
+  dev_.finish_gradient_average(shard_.flat_grads().raw(), shard_.layout().buffer_numel, dt);
+}
+
+void GradReducer::average_into_every_slot(const NodeGradSlots& slots) {
+  if (slots.cross) {
+    average_across_nodes(slots);
+    return;
+  }
   const partition::RankShard& own = shard_.own_shard();
   std::vector<void*> outputs;
-  for (char* slot : slots.slots) outputs.push_back(element(slot, own.offset, dt));
+  for (char* slot : slots.slots) outputs.push_back(element(slot, own.offset, shard_.dtype()));
   sum_own_shard_over_slots(slots, outputs);
-  dev_.finish_gradient_average(shard_.flat_grads().raw(), shard_.layout().buffer_numel, dt);
 }
 
 // This rank's shard of the slots, summed in the fixed tree order and divided, into `outputs`,
@@ -123,10 +135,7 @@ void GradReducer::average_external_on_node(const NodeGradSlots& slots) {
       dev_.copy_bytes(mine.at(layout.param_offset[i]), params[i].user_grad, span_bytes(params[i].numel, dt));
     }
   }
-  const partition::RankShard& own = shard_.own_shard();
-  std::vector<void*> outputs;
-  for (char* slot : slots.slots) outputs.push_back(element(slot, own.offset, dt));
-  sum_own_shard_over_slots(slots, outputs);
+  average_into_every_slot(slots);
   dev_.finish_gradient_average(mine.raw(), layout.buffer_numel, dt);
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (params[i].trainable && params[i].numel > 0) {
@@ -330,9 +339,16 @@ uint64_t GradReducer::finish_round() {
                    dev_.rank(), params[i].name);
   }
   if (const NodeGradSlots* slots = shard_.node_grad_slots()) {
-    // Every rank's slot is complete after the first barrier: sum this rank's shard over them
-    // straight into its shard gradients (the order is stage 1's, so both stages agree).
-    sum_own_shard_over_slots(*slots, {shard_.shard_grads().raw()});
+    if (slots->cross) {
+      // Across nodes: stage 1's average in every slot, then this rank's shard out of its own.
+      average_into_every_slot(*slots);
+      const partition::RankShard& own = shard_.own_shard();
+      dev_.copy_bytes(shard_.shard_grads().raw(), shard_.own_grad_slot().at(own.offset), span_bytes(own.numel, shard_.dtype()));
+    } else {
+      // Every rank's slot is complete after the first barrier: sum this rank's shard over them
+      // straight into its shard gradients (the order is stage 1's, so both stages agree).
+      sum_own_shard_over_slots(*slots, {shard_.shard_grads().raw()});
+    }
   }
   for (std::size_t index = 0; index < buckets_.size(); ++index) {
     // Deferred buckets start here, in bucket order (those without a trainable element never do).

@@ -1,4 +1,4 @@
-// src/optim/grad_reducer.hpp — averaging gradients over the ranks: on one node in the node's shared gradient slots (stage 1 and 2), else a bucketed all-reduce (stage 1) or buckets reduced to their owners as they complete (stage 2).
+// src/optim/grad_reducer.hpp — averaging gradients over the ranks: in the nodes' shared gradient slots (stage 1 and 2; across nodes hierarchically), else a bucketed all-reduce (stage 1) or buckets reduced to their owners as they complete (stage 2).
 #pragma once
 
 #include <memory>
@@ -49,6 +49,10 @@ class GradReducer {
   void average_on_node(const NodeGradSlots& slots);
   void average_external_on_node(const NodeGradSlots& slots);
   void sum_own_shard_over_slots(const NodeGradSlots& slots, const std::vector<void*>& outputs);
+  // The whole average into every slot of every node: sum_own_shard_over_slots on one node, the
+  // hierarchical reduction (grad_reducer_hierarchy.cpp) across nodes.
+  void average_into_every_slot(const NodeGradSlots& slots);
+  void average_across_nodes(const NodeGradSlots& slots);
   void all_reduce_external();
   void open_round_if_needed();
   int acquire_staging();

@@ -246,8 +246,14 @@ core::FlatBuffer ShardState::new_grad_buffer(int64_t numel, bool params_shared, 
 
 core::FlatBuffer ShardState::map_grad_slots(int64_t numel, bool params_shared, NodeGradSlots& slots, int64_t buckets) {
   const DType dt = dtype();
-  // Across nodes the reduction stays MPI's (one buffer per rank); decided alike on every rank.
-  if (!params_shared || !nodes_ || nodes_->nodes != 1 || numel <= 0) return dev_.new_buffer(0, dt);
+  // Across nodes the slots serve the hierarchical reduction when every node has the same number
+  // of ranks (each rank then has a carrier group: the ranks of its place on the other nodes)
+  // and config.overlap is off (its per-bucket counters reduce on one node only); otherwise the
+  // reduction stays MPI's (one buffer per rank). Decided alike on every rank.
+  if (!params_shared || !nodes_ || numel <= 0) return dev_.new_buffer(0, dt);
+  const bool one_node = nodes_->nodes == 1;
+  const bool uniform = nodes_->nodes * nodes_->largest_node == dev_.world();
+  if (!one_node && (!uniform || buckets > 0 || !nodes_->cross)) return dev_.new_buffer(0, dt);
   Communicator& node = *nodes_->node;
   const std::size_t slot_bytes = core::FlatBuffer::allocation_bytes(numel, dt);
   std::string why_not;
@@ -255,9 +261,16 @@ core::FlatBuffer ShardState::map_grad_slots(int64_t numel, bool params_shared, N
   // After the slots: two counters per bucket (see NodeGradSlots), zero-filled by the mapping.
   const std::size_t counter_bytes = 2 * sizeof(uint64_t) * static_cast<std::size_t>(buckets);
   comm::NodeSharedBuffer mapped = comm::map_node_shared(node, all_slots + counter_bytes, why_not);
-  // The node is the world here, and map_node_shared fails on all of its ranks or on none.
-  if (mapped.data == nullptr) return dev_.new_buffer(0, dt);
+  // map_node_shared fails on all of a node's ranks or on none; across nodes every node must
+  // have its slots or none may use them (the reduction is the same on every rank).
+  bool everywhere = mapped.data != nullptr;
+  if (!one_node) {
+    const std::vector<uint8_t> mapped_on = comm::all_gather_records(dev_.comm(), static_cast<uint8_t>(everywhere));
+    everywhere = std::find(mapped_on.begin(), mapped_on.end(), uint8_t{0}) == mapped_on.end();
+  }
+  if (!everywhere) return dev_.new_buffer(0, dt);
   slots.node = nodes_->node;
+  if (!one_node) slots.cross = nodes_->cross;
   if (buckets > 0) {
     slots.handed = reinterpret_cast<uint64_t*>(static_cast<char*>(mapped.data) + all_slots);
     slots.reduced = slots.handed + buckets;

@@ -90,13 +90,15 @@ inline std::size_t span_bytes(int64_t count, DType dtype) {
 
 partition::Strategy strategy_of(const OptimizerConfig& config);
 
-// Node-shared parameters on one node: every rank's gradients in one node-shared mapping, a slot
+// Node-shared parameters: every rank's gradients in one node-shared mapping per node, a slot
 // per rank, so the reduction sums each shard over the slots in memory (grad_reducer.cpp) instead
 // of through MPI. Bucket view (stage 1, and stage 2 without overlap): a rank's flat_grads() is
 // its slot. External storage: each gradient is copied into the rank's slot (hand_over_slot())
-// first.
+// first. Across nodes (nodes of equal size, config.overlap off) the node's sums are then
+// all-reduced in the cross-node carrier groups (grad_reducer_hierarchy.cpp).
 struct NodeGradSlots {
-  std::shared_ptr<Communicator> node;  // the node's ranks: the world
+  std::shared_ptr<Communicator> node;   // the node's ranks (the world when there is one node)
+  std::shared_ptr<Communicator> cross;  // this rank's carrier group across nodes; null on one node
   std::vector<char*> slots;            // by node rank: buffer_numel (+ frozen elements, bucket view)
   // config.overlap: per overlap bucket, in the same mapping, counters that only grow (atomics,
   // never reset while the layout lasts): `handed` counts the node's ranks that have written the

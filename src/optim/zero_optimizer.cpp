@@ -149,7 +149,8 @@ TensorRef ZeroOptimizer::grad_view(ParamId id) const {
   const optim::ShardState& shard = impl_->shard;
   SHARDOPT_CHECK(!(shard.stage2() && shard.bucket_view()) || shard.stage2_grad_views(), invalid_argument,
                  "grad_view('{}'): at stage 2 shardopt keeps only this rank's shard of the gradients (a whole "
-                 "gradient buffer only on one node, with node-shared parameters); "
+                 "gradient buffer only with node-shared parameters, on one node or, without overlap, on nodes of "
+                 "equal size); "
                  "hand each gradient with reduce_gradient() instead",
                  p.name);
   return TensorRef{impl_->shard.grad_ptr(static_cast<std::size_t>(id)), p.numel, p.dtype, p.device};

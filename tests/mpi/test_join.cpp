@@ -97,9 +97,9 @@ std::vector<float> replay(const Setup& s) {
   return shardopt_test::all_params(*m.opt);
 }
 
-std::vector<float> train_uneven(const Setup& s) {
-  Model m(world(), s);
-  const int rank = world()->rank();
+std::vector<float> train_uneven(const Setup& s, std::shared_ptr<Communicator> comm = world()) {
+  const int rank = comm->rank();
+  Model m(std::move(comm), s);
   for (int b = 0; b < batches_of(rank); ++b) {
     m.hand(s, [&](std::size_t i, int64_t e) { return grad_value(rank, b, i, e); });
     m.opt->step();
@@ -140,6 +140,27 @@ TEST_CASE("uneven inputs under join() equal a one-rank replay of the averaged gr
     const std::vector<float> got = train_uneven(s);
     REQUIRE(got.size() == expected.size());
     CHECK(shardopt_test::bitwise_equal(got, expected));
+  }
+}
+
+TEST_CASE("uneven inputs under join() across nodes of equal size (the hierarchical average) equal the replay",
+          "[join][node_reduce]") {
+  // Nodes of 2 ranks (CommOptions.ranks_per_node): node-shared gradient slots on each node and
+  // the node sums all-reduced across, with the joined ranks' zeros in their slots.
+  if (world()->size() != 4) return;
+  CommOptions options;
+  options.timeout_seconds = 20;
+  options.ranks_per_node = 2;
+  const std::shared_ptr<Communicator> comm = mpi_world(options);
+  for (int stage : {1, 2}) {
+    for (Storage storage : {Storage::bucket_view, Storage::external}) {
+      Setup s;
+      s.stage = stage;
+      s.storage = storage;
+      INFO(describe(s));
+      const std::vector<float> got = train_uneven(s, comm);
+      CHECK(shardopt_test::bitwise_equal(got, replay(s)));
+    }
   }
 }
 

@@ -28,6 +28,12 @@ struct Run {
   std::unique_ptr<ZeroOptimizer> opt;
 };
 
+// Whether the ranks get node-shared gradient slots (no overlap): one node of several ranks, or
+// nodes of `per_node` consecutive ranks each, all of equal size (the hierarchical reduction).
+bool slots_expected(int n, int per_node) {
+  return n > 1 && (per_node == 0 || n <= per_node || (per_node >= 2 && n % per_node == 0));
+}
+
 std::shared_ptr<Communicator> world_with_nodes_of(int ranks_per_node) {
   CommOptions options;
   options.timeout_seconds = 30;
@@ -123,8 +129,8 @@ std::vector<uint8_t> param_bytes(const Run& run) {
 
 }  // namespace
 
-TEST_CASE("stage 2 and external storage on one node stage their hand-over in a node-shared slot per rank; "
-          "across nodes they do not",
+TEST_CASE("stage 2 and external storage on one node, or on nodes of equal size, stage their hand-over in a "
+          "node-shared slot per rank; across uneven nodes they do not",
           "[node_sharing][node_reduce]") {
   for (int per_node : {0, 2}) {
     for (int stage : {1, 2}) {
@@ -134,7 +140,7 @@ TEST_CASE("stage 2 and external storage on one node stage their hand-over in a n
       const Run shared = build(comm, DType::f32, PartitionStrategy::flat, stage, storage, true);
       const Run own = build(comm, DType::f32, PartitionStrategy::flat, stage, storage, false);
       const int n = comm->size();
-      const bool one_node = n > 1 && (per_node == 0 || n <= per_node);
+      const bool one_node = slots_expected(n, per_node);
       const int64_t trainable_bytes = shared.opt->memory_report().trainable_numel * 4;
       // External storage: the slot holds every trainable element; the MPI path's staging stays
       // at a few buckets. Stage 2 with bucket view: the slot is the gradient buffer itself (see
@@ -192,13 +198,14 @@ TEST_CASE("stage 2 and external storage through the node's slots step bitwise as
 }
 
 TEST_CASE("stage 2 with bucket view on one node: the backward writes its node-shared slot through grad_view, no "
-          "hand-over copy and no buffer beside the gradients; refused by name across nodes and at one rank",
+          "hand-over copy and no buffer beside the gradients (also on nodes of equal size); refused by name across "
+          "uneven nodes and at one rank",
           "[node_sharing][node_reduce]") {
   const int n = world()->size();
   for (int per_node : {0, 2}) {
     CAPTURE(per_node);
     const std::shared_ptr<Communicator> comm = world_with_nodes_of(per_node);
-    const bool one_node = n > 1 && (per_node == 0 || n <= per_node);
+    const bool one_node = slots_expected(n, per_node);
     Run stage1 = build(comm, DType::f32, PartitionStrategy::flat, 1, Storage::bucket_view, true);
     Run views = build(comm, DType::f32, PartitionStrategy::flat, 2, Storage::bucket_view, true);
     Run own = build(comm, DType::f32, PartitionStrategy::flat, 2, Storage::bucket_view, false);
@@ -212,7 +219,7 @@ TEST_CASE("stage 2 with bucket view on one node: the backward writes its node-sh
         FAIL("grad_view at stage 2 was not refused");
       } catch (const Error& e) {
         CHECK(e.code() == ErrorCode::invalid_argument);
-        CHECK(std::string(e.what()).find("a whole gradient buffer only on one node, with node-shared parameters") !=
+        CHECK(std::string(e.what()).find("a whole gradient buffer only with node-shared parameters, on one node or") !=
               std::string::npos);
       }
       CHECK(m2.grad_bytes == mine.grad_bytes);

@@ -128,7 +128,8 @@ void check_same_as_private(const std::shared_ptr<Communicator>& comm, const Setu
   // slot per rank (buffer_bytes): the trainable elements and the shards' alignment padding (16
   // each); at stage 1 it then needs no private staging bucket (bucket_bytes 1024 here). Stage 2
   // with bucket view on one node keeps the same slot as its gradient buffer (grad_bytes, below).
-  const bool one_node = shares && (per_node == 0 || comm->size() <= per_node);
+  // (Also on nodes of equal size: the hierarchical reduction uses the same slots.)
+  const bool one_node = shares && (per_node == 0 || comm->size() <= per_node || comm->size() % per_node == 0);
   const bool slot = one_node && s.external;
   const int64_t extra = sr.param_bytes + sr.buffer_bytes + sr.node_shared_param_bytes - (orep.param_bytes + orep.buffer_bytes);
   const int64_t element = static_cast<int64_t>(dtype_size(s.dtype));

@@ -118,6 +118,41 @@ case $case_name in
     [[ -n $(results "$MH_WORK/multi.log") && $(results "$MH_WORK/multi.log") == "$(results "$MH_WORK/single.log")" ]] &&
       echo "ok: demo results over 2 hosts equal one host's" || fail "demo results differ between 2 hosts and one host"
     ;;
+  reduce_2x2)
+    # The hierarchical gradient average (each host's slots, then the hosts' sums all-reduced in
+    # the carrier groups): with gradients whose sums round, 2 hosts x 2 ranks end with the bits
+    # of 4 ranks on one host (the slots there), of one rank handed the average in the slots'
+    # tree order, and (stage 1) of MPI's all-reduce across the hosts without node sharing.
+    mh_setup_hosts 2 || exit 1
+    slots_of() { grep -oE '^hosts=.* grad_slots=[0-9,]+' "$1" | grep -oE '[0-9,]+$'; }
+    for stage in 1 2; do
+      args=(--steps 4 --inexact 1 --stage "$stage")
+      run 2,2 "$MH_WORK/hier$stage.log" "$probe" "${args[@]}" || fail "stage $stage over 2,2 exited non-zero"
+      [[ $(slots_of "$MH_WORK/hier$stage.log") == 1,1,1,1 ]] && echo "ok: stage $stage over 2,2 reduces through the hosts' slots" ||
+        fail "stage $stage over 2,2: gradient slots $(slots_of "$MH_WORK/hier$stage.log"), want 1,1,1,1"
+      run 4 "$MH_WORK/one$stage.log" "$probe" "${args[@]}" || fail "stage $stage on one host exited non-zero"
+      # World 1 hands its gradients over at stage 2 too (no grad views at one rank).
+      run 1 "$MH_WORK/world1_$stage.log" "$probe" "${args[@]}" --as-ranks 4 || fail "stage $stage at world 1 exited non-zero"
+      hier=$(fnv_of "$MH_WORK/hier$stage.log")
+      for other in one world1_; do
+        [[ -n $hier && $hier == "$(fnv_of "$MH_WORK/$other$stage.log")" ]] &&
+          echo "ok: stage $stage over 2,2 bitwise equal to ${other%_}'s ($hier)" ||
+          fail "stage $stage over 2,2 ($hier) differs from ${other%_}'s ($(fnv_of "$MH_WORK/$other$stage.log"))"
+      done
+      if [[ $stage == 1 ]]; then
+        # The control: the same gradients summed in another order give other bits, so the
+        # equalities above say something about the order.
+        run 1 "$MH_WORK/in_order.log" "$probe" "${args[@]}" --as-ranks 4 --in-order 1 || fail "world 1 in order exited non-zero"
+        [[ -n $(fnv_of "$MH_WORK/in_order.log") && $(fnv_of "$MH_WORK/in_order.log") != "$hier" ]] &&
+          echo "ok: another summation order gives other bits ($(fnv_of "$MH_WORK/in_order.log"))" ||
+          fail "summing rank after rank gave the same bits: the gradients do not show the order"
+        run 2,2 "$MH_WORK/mpi$stage.log" "$probe" "${args[@]}" --node-shared 0 || fail "MPI path over 2,2 exited non-zero"
+        [[ $(slots_of "$MH_WORK/mpi$stage.log") == 0,0,0,0 ]] || fail "node sharing off still used slots"
+        [[ $hier == "$(fnv_of "$MH_WORK/mpi$stage.log")" ]] && echo "ok: stage 1 equal to MPI's all-reduce across hosts" ||
+          fail "stage 1 over 2,2 ($hier) differs from MPI's all-reduce ($(fnv_of "$MH_WORK/mpi$stage.log"))"
+      fi
+    done
+    ;;
   link_cut)
     mh_setup_hosts 2 || exit 1
     h0=${MH_HOSTS[0]}
@@ -206,6 +241,27 @@ case $case_name in
         "rank $r named the interrupted call: ${line:0:200}"
     done
     # The launcher's daemons that lost their peers are the harness's to stop, not a rank.
+    for ns in "${MH_HOSTS[@]}"; do
+      ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    done
+    sleep 0.5
+    ;;
+  survive_stall_reduce)
+    # A rank stalled inside the hierarchical average: rank 3 (host 1) is stopped (SIGSTOP) as
+    # it enters step 3's reduce_gradients() with a model large enough (16M f32) that the stop
+    # lands in the node barriers or the cross-host all-reduce. Every other rank ends with an
+    # Error naming reduce_gradients and the timeout.
+    mh_setup_hosts 2 || exit 1
+    timeout_s=4
+    MH_TIMEOUT=40
+    mh_kill_when_marked reduce3 3 STOP
+    run 2,2 "$MH_WORK/stall.log" "$probe" --steps 6 --extra-numel 16777216 --timeout "$timeout_s" &&
+      fail "the job succeeded despite the stalled rank"
+    for r in 0 1 2; do
+      line=$(mh_rank_output "$r" | grep -E "^rank $r: " | head -1)
+      expect "$line" "^rank $r: reduce_gradients: .*did not complete within $timeout_s s" \
+        "rank $r named the stalled reduction: ${line:0:200}"
+    done
     for ns in "${MH_HOSTS[@]}"; do
       ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
     done
