@@ -147,6 +147,11 @@ TEST_CASE("remote push log: a context left unstepped expires, its logged pushes 
     values.push_back(values_of(rank, 0, i));
     remote.push_rows(context, table, rows.back().data(), kPushRows, values.back().data());
   }
+  // The owner answers requests in order: this pull's answer says it holds every push above
+  // (a large push's bytes move only while its trainer is in MPI, not while it sleeps).
+  const int64_t first_row = 0;
+  std::vector<float> one_row(kRowSize);
+  remote.pull_rows(table, &first_row, 1, one_row.data());
   // The context is left past the expiry, as by a trainer that died, while another context keeps
   // the trainers heard (were every trainer silent, the owner would count them gone and stop).
   for (int i = 0; i < 25; ++i) {
