@@ -16,6 +16,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 constexpr double kHousekeepingSeconds = 0.05;
 constexpr double kTightWaitSeconds = 1e-3;
+constexpr double kIdleSeconds = 200e-6;  // no request this long: the loop sums logged pushes, else sleeps
 
 }  // namespace
 
@@ -56,7 +57,6 @@ void Service::run() {
     } catch (...) {
       worked = true;  // a request that could not be received is dropped; its trainer times out
     }
-    if (!worked) worked = fold_while_idle();  // no request waiting: sum a logged push
     if (seconds_since(last_housekeeping) > kHousekeepingSeconds) {
       housekeeping();
       last_housekeeping = Clock::now();
@@ -67,7 +67,14 @@ void Service::run() {
       idle_since = Clock::now();
       continue;
     }
-    if (seconds_since(idle_since) < 200e-6) {
+    // Idle (no request for kIdleSeconds): sum one logged push, then probe again. A stream of
+    // pushes with shorter gaps is left to arrive at receive speed; its sums wait for a pause
+    // or the step.
+    if (seconds_since(idle_since) >= kIdleSeconds && fold_while_idle()) {
+      sleep = microseconds{0};
+      continue;
+    }
+    if (seconds_since(idle_since) < kIdleSeconds) {
       std::this_thread::yield();
       continue;
     }
