@@ -64,8 +64,8 @@ struct RemoteOptions {
   int max_open_contexts = 8;
   int cpu_threads = 0;  // OpenMP threads of the owners' update; 0: OpenMP's default
   // An owner keeps each push as received (its message) and sums it into the context's f32
-  // accumulator later, in arrival order (the same bits as summing at once): when it has no
-  // request waiting, or at the context's step. Past this many logged bytes in one context it
+  // accumulator later, in arrival order (the same bits as summing at once): when no request
+  // has come for 200 us, or at the context's step. Past this many logged bytes in one context it
   // sums that context's log at once, so each context holds at most this much (plus one push)
   // beyond its sums, and the owner keeps at most this much of freed message buffers for reuse.
   // 0: every push is summed as it arrives.
