@@ -63,6 +63,13 @@ struct RemoteOptions {
   // f32 accumulator of the parameters it pushed): bounds the owners' memory.
   int max_open_contexts = 8;
   int cpu_threads = 0;  // OpenMP threads of the owners' update; 0: OpenMP's default
+  // An owner keeps each push as received (its message) and sums it into the context's f32
+  // accumulator later, in arrival order (the same bits as summing at once): when no request
+  // has come for 200 us, or at the context's step. Past this many logged bytes in one context it
+  // sums that context's log at once, so each context holds at most this much (plus one push)
+  // beyond its sums, and the owner keeps at most this much of freed message buffers for reuse.
+  // 0: every push is summed as it arrives.
+  int64_t push_log_bytes = int64_t{64} << 20;
 };
 
 // A parameter as a trainer names it (RemoteOptimizer::lookup). A handle of another optimizer,
@@ -90,6 +97,7 @@ struct RemoteStats {
   // Buffers of applied contexts' sums kept for the next contexts (bounded: SumPool's kKept of
   // each kind); with accumulator_bytes, what the owner holds beyond its table and state.
   int64_t pooled_bytes = 0;
+  int64_t logged_bytes = 0;  // pushes received and not yet summed (part of accumulator_bytes)
 };
 
 class RemoteOptimizer;

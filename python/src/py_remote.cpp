@@ -219,6 +219,7 @@ void bind_remote(nb::module_& m) {
         d["open_contexts"] = s.open_contexts;
         d["accumulator_bytes"] = s.accumulator_bytes;
         d["pooled_bytes"] = s.pooled_bytes;
+        d["logged_bytes"] = s.logged_bytes;
         return d;
       });
 

@@ -114,7 +114,7 @@ int64_t ParamSum::bytes() const {
 int64_t OwnerContext::bytes() const {
   int64_t total = 0;
   for (const auto& sum : sums) total += sum.second.bytes();
-  return total;
+  return total + log.bytes();
 }
 
 OwnerStore::OwnerStore(const Directory& directory, const std::vector<OwnedEntry>& entries,
@@ -150,6 +150,21 @@ OwnedSlice& OwnerStore::checked_slice(int32_t param, const char* what) {
   OwnedSlice* s = slice(param);
   SHARDOPT_CHECK(s != nullptr, invalid_argument, "{}: parameter id {} has no rows on this owner", what, param);
   return *s;
+}
+
+void OwnerStore::check_push(const RequestHeader& h, const int64_t* rows) {
+  if (h.kind == RequestKind::push_dense) {
+    const OwnedSlice& s = checked_slice(h.param, "push");
+    SHARDOPT_CHECK(h.count >= 0 && h.offset >= s.first_element() && h.offset + h.count <= s.first_element() + s.numel(),
+                   invalid_argument, "push: elements [{}, {}) are not within this owner's [{}, {})", h.offset,
+                   h.offset + h.count, s.first_element(), s.first_element() + s.numel());
+    return;
+  }
+  const OwnedSlice& s = checked_slice(h.param, "push_rows");
+  for (int64_t i = 0; i < h.count; ++i) {
+    SHARDOPT_CHECK(rows[i] >= s.row_begin && rows[i] < s.row_end, invalid_argument,
+                   "push_rows: row {} is not among this owner's rows [{}, {})", rows[i], s.row_begin, s.row_end);
+  }
 }
 
 void OwnerStore::add_dense(OwnerContext& context, const RequestHeader& h, const float* values) {

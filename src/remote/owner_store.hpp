@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "remote/directory.hpp"
+#include "remote/push_log.hpp"
 #include "remote/wire.hpp"
 
 namespace shardopt {
@@ -84,11 +85,14 @@ class SumPool {
   std::vector<std::vector<int64_t>> rows_;
 };
 
-// One trainer's context as this owner holds it: the f32 sums of what was pushed into it.
+// One trainer's context as this owner holds it: the f32 sums of what was pushed into it, and the
+// pushes received but not yet summed (the service sums them, in arrival order, when idle, at the
+// step, or at once past RemoteOptions::push_log_bytes).
 struct OwnerContext {
   Clock::time_point last_activity = Clock::now();
   bool stepped = false;  // its step arrived (waiting for its turn): it no longer expires
   std::map<int32_t, ParamSum> sums;  // by parameter
+  PushLog log;
   int32_t error_code = 0;  // the first push this owner refused (then nothing of it is applied)
   std::string error;
   int64_t bytes() const;
@@ -103,6 +107,9 @@ class OwnerStore {
   OwnedSlice* slice(int32_t param);  // null when this rank owns none of it
   std::vector<OwnedSlice>& slices() { return slices_; }
 
+  // Error(invalid_argument) naming what is wrong with a push of `h` (its rows: `rows`), as
+  // add_dense and add_rows would raise it, without adding it.
+  void check_push(const RequestHeader& h, const int64_t* rows);
   // Adds a push into `context` (Error(invalid_argument) naming what is wrong; nothing added).
   void add_dense(OwnerContext& context, const RequestHeader& header, const float* values);
   void add_rows(OwnerContext& context, const RequestHeader& header, const int64_t* rows, const float* values);

@@ -23,6 +23,9 @@ void validate_options(const RemoteOptions& o) {
                  o.context_expiry_seconds);
   SHARDOPT_CHECK(o.max_open_contexts > 0, invalid_argument,
                  "RemoteOptimizer: RemoteOptions.max_open_contexts is {}; give at least 1", o.max_open_contexts);
+  SHARDOPT_CHECK(o.push_log_bytes >= 0, invalid_argument,
+                 "RemoteOptimizer: RemoteOptions.push_log_bytes is {}; give 0 (sum each push on arrival) or more",
+                 o.push_log_bytes);
   SHARDOPT_CHECK(o.order == RemoteOrder::arrival || o.order == RemoteOrder::deterministic, invalid_argument,
                  "RemoteOptimizer: RemoteOptions.order {} is not a RemoteOrder", static_cast<int>(o.order));
 }
@@ -77,6 +80,7 @@ RemoteOptimizer::RemoteOptimizer(std::shared_ptr<Communicator> comm, std::vector
   record.field("RemoteOptions.timeout_seconds", fmt::format("{}", options.timeout_seconds));
   record.field("RemoteOptions.context_expiry_seconds", fmt::format("{}", options.context_expiry_seconds));
   record.field("RemoteOptions.max_open_contexts", std::to_string(options.max_open_contexts));
+  record.field("RemoteOptions.push_log_bytes", std::to_string(options.push_log_bytes));
   comm::agree(*comm, record);
   // Every rank is here (the agreement passed), so the blocking duplicate cannot hang.
   SHARDOPT_CHECK(MPI_Comm_dup(comm::mpi_comm_of(*comm), &impl_->remote_comm) == MPI_SUCCESS, comm,

@@ -16,11 +16,12 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 constexpr double kHousekeepingSeconds = 0.05;
 constexpr double kTightWaitSeconds = 1e-3;
+constexpr double kIdleSeconds = 200e-6;  // no request this long: the loop sums logged pushes, else sleeps
 
 }  // namespace
 
 Service::Service(MPI_Comm comm, const Directory& directory, OwnerStore& store, const RemoteOptions& options)
-    : comm_(comm), directory_(directory), store_(store), options_(options) {
+    : comm_(comm), directory_(directory), store_(store), options_(options), messages_(options.push_log_bytes) {
   for (int t : directory.trainers()) trainers_[t];
   thread_ = std::thread([this] { run(); });
 }
@@ -66,7 +67,14 @@ void Service::run() {
       idle_since = Clock::now();
       continue;
     }
-    if (seconds_since(idle_since) < 200e-6) {
+    // Idle (no request for kIdleSeconds): sum one logged push, then probe again. A stream of
+    // pushes with shorter gaps is left to arrive at receive speed; its sums wait for a pause
+    // or the step.
+    if (seconds_since(idle_since) >= kIdleSeconds && fold_while_idle()) {
+      sleep = microseconds{0};
+      continue;
+    }
+    if (seconds_since(idle_since) < kIdleSeconds) {
       std::this_thread::yield();
       continue;
     }
@@ -156,27 +164,71 @@ void Service::handle_push(int source, const RequestHeader& h, const char* payloa
                                   : nullptr;
     SHARDOPT_CHECK(p != nullptr && h.count >= 0, invalid_argument, "a push names parameter id {}, which is unknown",
                    h.param);
+    const int64_t* rows = nullptr;
     if (h.kind == RequestKind::push_dense) {
       SHARDOPT_CHECK(bytes == static_cast<std::size_t>(h.count) * sizeof(float), invalid_argument,
                      "a push of {} elements of '{}' carried {} bytes", h.count, p->name, bytes);
-      store_.add_dense(context, h, reinterpret_cast<const float*>(payload));
     } else {
       const std::size_t index_bytes = static_cast<std::size_t>(h.count) * sizeof(int64_t);
       SHARDOPT_CHECK(bytes == index_bytes + static_cast<std::size_t>(h.count * p->row_size) * sizeof(float),
                      invalid_argument, "a push of {} rows of '{}' carried {} bytes", h.count, p->name, bytes);
-      store_.add_rows(context, h, reinterpret_cast<const int64_t*>(payload),
-                      reinterpret_cast<const float*>(payload + index_bytes));
+      rows = reinterpret_cast<const int64_t*>(payload);
     }
+    store_.check_push(h, rows);  // a bad push is refused now, as if summed on arrival
+    // The message itself is logged (its buffer swapped for a pooled one, no copy) and summed
+    // later, in arrival order: the sum is the same, and the push is absorbed at receive speed.
+    scratch_.resize(sizeof(RequestHeader) + bytes);  // within its capacity: the message alone
+    context.log.append(std::move(scratch_), &messages_);
+    scratch_ = messages_.take();
+    if (context.log.bytes() > options_.push_log_bytes) fold_all(context);  // bounded memory
   } catch (const Error& e) {
-    context.error_code = static_cast<int32_t>(e.code());
-    context.error = fmt::format("push {} of the context: {}", h.request_id, e.what());
-    context.sums.clear();
+    refuse(context, h, e);
   }
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.pushes_received;
     stats_.bytes_received += static_cast<int64_t>(bytes);
   }
+}
+
+void Service::refuse(OwnerContext& context, const RequestHeader& h, const Error& e) {
+  context.error_code = static_cast<int32_t>(e.code());
+  context.error = fmt::format("push {} of the context: {}", h.request_id, e.what());
+  context.sums.clear();
+  context.log.clear();
+}
+
+void Service::fold_one(OwnerContext& context) {
+  const std::vector<char>& message = context.log.front();
+  RequestHeader h;
+  std::memcpy(&h, message.data(), sizeof(h));
+  const char* payload = message.data() + sizeof(RequestHeader);
+  try {
+    if (h.kind == RequestKind::push_dense) {
+      store_.add_dense(context, h, reinterpret_cast<const float*>(payload));
+    } else {
+      store_.add_rows(context, h, reinterpret_cast<const int64_t*>(payload),
+                      reinterpret_cast<const float*>(payload + h.count * static_cast<int64_t>(sizeof(int64_t))));
+    }
+  } catch (const Error& e) {  // e.g. the sum's allocation: the context is refused, as on arrival
+    refuse(context, h, e);
+    return;
+  }
+  context.log.pop_front();
+}
+
+void Service::fold_all(OwnerContext& context) {
+  while (!context.log.empty()) fold_one(context);
+}
+
+bool Service::fold_while_idle() {
+  std::lock_guard<std::mutex> lock(store_mutex_);
+  for (auto& entry : contexts_) {
+    if (entry.second.log.empty()) continue;
+    fold_one(entry.second);  // one push, then the loop probes for requests again
+    return true;
+  }
+  return false;
 }
 
 void Service::handle_step(int source, const RequestHeader& h, const char* payload, std::size_t bytes) {
@@ -219,6 +271,7 @@ void Service::apply_step(int source, const PendingStep& step) {
     ++stats_.contexts_failed;
     return;
   }
+  if (found != contexts_.end()) fold_all(found->second);  // what is still logged, in arrival order
   if (found != contexts_.end() && found->second.error_code != 0) {
     reply(source, h.request_id, found->second.error_code, found->second.error);
     contexts_.erase(found);
@@ -361,13 +414,17 @@ void Service::housekeeping() {
 }
 
 void Service::update_memory_stats() {
-  int64_t bytes = 0;
-  for (const auto& c : contexts_) bytes += c.second.bytes();
+  int64_t bytes = 0, logged = 0;
+  for (const auto& c : contexts_) {
+    bytes += c.second.bytes();
+    logged += c.second.log.bytes();
+  }
   // The pool changes on this thread alone (contexts end here), so it is read without the store's lock.
   std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.open_contexts = static_cast<int64_t>(contexts_.size());
   stats_.accumulator_bytes = bytes;
-  stats_.pooled_bytes = store_.pooled_bytes();
+  stats_.logged_bytes = logged;
+  stats_.pooled_bytes = store_.pooled_bytes() + messages_.bytes();
 }
 
 bool Service::all_trainers_done() const {

@@ -1,4 +1,4 @@
-// src/remote/service.hpp — an owner's service thread: receives trainers' requests, sums pushes, applies stepped contexts (in arrival or deterministic order), answers pulls, expires what dead trainers left.
+// src/remote/service.hpp — an owner's service thread: receives trainers' requests, logs pushes and sums them when idle, applies stepped contexts (in arrival or deterministic order), answers pulls, expires what dead trainers left.
 #pragma once
 
 #include <mpi.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "remote/owner_store.hpp"
+#include "shardopt/error.hpp"
 
 namespace shardopt {
 namespace remote {
@@ -61,6 +62,10 @@ class Service {
   void handle_step(int source, const RequestHeader& h, const char* payload, std::size_t bytes);
   void handle_pull(int source, const RequestHeader& h, const char* payload, std::size_t bytes);
   void apply_step(int source, const PendingStep& step);
+  void refuse(OwnerContext& context, const RequestHeader& h, const Error& e);  // nothing of it applied
+  void fold_one(OwnerContext& context);  // sums the context's oldest logged push
+  void fold_all(OwnerContext& context);
+  bool fold_while_idle();  // sums one logged push of some context; false when none is logged
   void drain_deterministic();
   void housekeeping();
   int64_t drop_trainer_contexts(int trainer);  // its open contexts; returns how many
@@ -74,6 +79,7 @@ class Service {
   const Directory& directory_;
   OwnerStore& store_;
   RemoteOptions options_;
+  MessagePool messages_;  // before contexts_: their logs give their buffers back to it
   std::map<std::pair<int, int64_t>, OwnerContext> contexts_;
   std::map<int, TrainerState> trainers_;
   std::list<Reply> replies_;
