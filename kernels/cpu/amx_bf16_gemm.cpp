@@ -87,34 +87,34 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* 
   // sums its whole k range in one order from zero: the bits do not depend on the blocking.
   for (int64_t pass = 0; pass < np; pass += kColumnsPerPass) {
     const int64_t pass_end = std::min(np, pass + kColumnsPerPass);
-  for (int64_t i = 0; i < mp; i += kBlock) {
-    if (upper_only && pass_end <= i) continue;
-    const uint16_t* a0 = a + (i / kTileRows) * k_tiles * tile_elements;
-    const uint16_t* a1 = a0 + k_tiles * tile_elements;
-    for (int64_t j = upper_only ? std::max(i, pass) : pass; j < pass_end; j += kBlock) {
-      const uint32_t* b0 = b + (j / kTileRows) * k_tiles * tile_words;
-      const uint32_t* b1 = b0 + k_tiles * tile_words;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t t = 0; t < k_tiles; ++t) {
-        _tile_loadd(4, a0 + t * tile_elements, 64);
-        _tile_loadd(5, a1 + t * tile_elements, 64);
-        _tile_loadd(6, b0 + t * tile_words, 64);
-        _tile_loadd(7, b1 + t * tile_words, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+    for (int64_t i = 0; i < mp; i += kBlock) {
+      if (upper_only && pass_end <= i) continue;
+      const uint16_t* a0 = a + (i / kTileRows) * k_tiles * tile_elements;
+      const uint16_t* a1 = a0 + k_tiles * tile_elements;
+      for (int64_t j = upper_only ? std::max(i, pass) : pass; j < pass_end; j += kBlock) {
+        const uint32_t* b0 = b + (j / kTileRows) * k_tiles * tile_words;
+        const uint32_t* b1 = b0 + k_tiles * tile_words;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t t = 0; t < k_tiles; ++t) {
+          _tile_loadd(4, a0 + t * tile_elements, 64);
+          _tile_loadd(5, a1 + t * tile_elements, 64);
+          _tile_loadd(6, b0 + t * tile_words, 64);
+          _tile_loadd(7, b1 + t * tile_words, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        float* block = c + i * np + j;
+        _tile_stored(0, block, ldc_bytes);
+        _tile_stored(1, block + kTileRows, ldc_bytes);
+        _tile_stored(2, block + kTileRows * np, ldc_bytes);
+        _tile_stored(3, block + kTileRows * np + kTileRows, ldc_bytes);
       }
-      float* block = c + i * np + j;
-      _tile_stored(0, block, ldc_bytes);
-      _tile_stored(1, block + kTileRows, ldc_bytes);
-      _tile_stored(2, block + kTileRows * np, ldc_bytes);
-      _tile_stored(3, block + kTileRows * np + kTileRows, ldc_bytes);
     }
-  }
   }
   _tile_release();
 }
