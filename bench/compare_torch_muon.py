@@ -181,7 +181,9 @@ def main() -> int:
         print(f"# {ours['cmd']}" + (f"  (OPENBLAS_CORETYPE={args.openblas_coretype})" if args.openblas_coretype else ""))
         print(f"precision={precision} blas_core={f['blas_core']} blas_core_at_load={f.get('blas_core_at_load', '?')} bf16_products={f.get('bf16_products', '?')} shardopt_step_ms={ours['step_ms']:.1f} "
               f"newton_schulz_ms={float(f['newton_schulz_ms_median']):.1f} update_ms={float(f['update_ms_median']):.1f} "
-              f"sync_ms={float(f['sync_ms_median']):.1f} wrong={f['wrong']} "
+              f"sync_ms={float(f['sync_ms_median']):.1f} "
+              f"sync_last_owner_ms={float(f.get('sync_last_owner_ms_median', 'nan')):.1f} "
+              f"update_spread_ms={float(f.get('update_spread_ms_median', 'nan')):.1f} wrong={f['wrong']} "
               f"torch_replicated_step_ms={theirs['step_ms']:.1f} shardopt_over_torch={ratio:.3f} "
               f"target=0.6 {'met' if ratio <= 0.6 else 'MISSED'}")
         failed = failed or f["wrong"] not in ("0", "N/A")

@@ -147,19 +147,27 @@ int run_muon_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
   // Per step, the slowest rank's phases (the rank a user waits for), and the longest
   // Newton-Schulz of any rank (how evenly the owners split the orthogonalisations).
   std::vector<std::vector<double>> slowest(kFields);
-  std::vector<double> ns_longest, ns_shortest;
+  // The sync as the slowest rank saw it includes waiting for the owner that finished its
+  // updates last; that owner's own sync is the transfer alone, and the spread of the ranks'
+  // update times is the waiting (how unevenly the owners' work ran, not the broadcast's cost).
+  std::vector<double> ns_longest, ns_shortest, sync_last_owner, update_spread;
   for (std::size_t i = 0; i < static_cast<std::size_t>(o.iters); ++i) {
     const double* worst = &all[kFields * i];
-    double longest = 0, shortest = 1e300;
+    const double* last_owner = worst;
+    double longest = 0, shortest = 1e300, update_shortest = 1e300;
     for (int r = 0; r < world; ++r) {
       const double* row = &all[static_cast<std::size_t>(r) * mine.size() + kFields * i];
       if (row[0] > worst[0]) worst = row;
+      if (row[2] > last_owner[2]) last_owner = row;
       longest = std::max(longest, row[3]);
       shortest = std::min(shortest, row[3]);
+      update_shortest = std::min(update_shortest, row[2]);
     }
     for (std::size_t f = 0; f < kFields; ++f) slowest[f].push_back(worst[f]);
     ns_longest.push_back(longest);
     ns_shortest.push_back(shortest);
+    sync_last_owner.push_back(last_owner[4]);
+    update_spread.push_back(last_owner[2] - update_shortest);
   }
   const double step_s = median(slowest[0]);
   std::string wrong = "N/A";
@@ -178,13 +186,13 @@ int run_muon_step(const std::shared_ptr<Communicator>& comm, const Options& o) {
       "muon_precision={} blas_threads={} blas_core={} blas_core_at_load={} bf16_products={} iters={} warmup={} ns_gflop_per_step={:.1f} "
       "step_ms_median={:.3f} agree_ms_median={:.3f} update_ms_median={:.3f} newton_schulz_ms_median={:.3f} "
       "newton_schulz_longest_rank_ms={:.3f} newton_schulz_shortest_rank_ms={:.3f} sync_ms_median={:.3f} "
-      "ns_gflops_busiest_rank={:.1f} wrong={}\n",
+      "sync_last_owner_ms_median={:.3f} update_spread_ms_median={:.3f} ns_gflops_busiest_rank={:.1f} wrong={}\n",
       world, model.numel, model.description, o.layers, o.layers, shardopt::partition_name(o.partition),
       shardopt::dtype_name(o.dtype), config.stage, o.muon_precision == shardopt::MatrixPrecision::f32 ? "f32" : "bf16",
       o.blas_threads, openblas_get_corename(), blas.picked_at_load,
       shardopt::kernels::bf16_products_on_amx() ? "amx" : "openblas_sgemm", o.iters, o.warmup, ns_gflop, step_s * 1e3, median(slowest[1]) * 1e3,
       median(slowest[2]) * 1e3, median(slowest[3]) * 1e3, median(ns_longest) * 1e3, median(ns_shortest) * 1e3,
-      median(slowest[4]) * 1e3, median(ns_longest) > 0 ? busiest_gflop / median(ns_longest) : 0.0, wrong);
+      median(slowest[4]) * 1e3, median(sync_last_owner) * 1e3, median(update_spread) * 1e3, median(ns_longest) > 0 ? busiest_gflop / median(ns_longest) : 0.0, wrong);
   return wrong_total != 0 ? 1 : 0;
 }
 

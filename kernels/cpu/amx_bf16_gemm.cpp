@@ -24,6 +24,7 @@ namespace {
 constexpr int64_t kTileRows = 16;  // rows of every tile
 constexpr int64_t kTileK = 32;     // bf16 values along k in one A tile row (64 bytes)
 constexpr int64_t kBlock = 32;     // the 2 x 2 tiles of one output block
+constexpr int64_t kColumnsPerPass = 256;  // B's columns per pass over A: 512 KiB of bf16 at k 1024
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -81,35 +82,78 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* 
   const int64_t tile_elements = kTileRows * kTileK;  // 512 bf16 per A tile
   const int64_t tile_words = kTileRows * kTileRows;  // 256 pairs per B tile
   const int64_t ldc_bytes = np * static_cast<int64_t>(sizeof(float));
-  for (int64_t i = 0; i < mp; i += kBlock) {
-    const uint16_t* a0 = a + (i / kTileRows) * k_tiles * tile_elements;
-    const uint16_t* a1 = a0 + k_tiles * tile_elements;
-    for (int64_t j = upper_only ? i : 0; j < np; j += kBlock) {
-      const uint32_t* b0 = b + (j / kTileRows) * k_tiles * tile_words;
-      const uint32_t* b1 = b0 + k_tiles * tile_words;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t t = 0; t < k_tiles; ++t) {
-        _tile_loadd(4, a0 + t * tile_elements, 64);
-        _tile_loadd(5, a1 + t * tile_elements, 64);
-        _tile_loadd(6, b0 + t * tile_words, 64);
-        _tile_loadd(7, b1 + t * tile_words, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+  // B's columns in passes that stay in L2 while every block row of A streams past them (the
+  // whole of B, 2 MiB at 1024 x 1024, does not fit beside A's panel). Each accumulator still
+  // sums its whole k range in one order from zero: the bits do not depend on the blocking.
+  for (int64_t pass = 0; pass < np; pass += kColumnsPerPass) {
+    const int64_t pass_end = std::min(np, pass + kColumnsPerPass);
+    for (int64_t i = 0; i < mp; i += kBlock) {
+      if (upper_only && pass_end <= i) continue;
+      const uint16_t* a0 = a + (i / kTileRows) * k_tiles * tile_elements;
+      const uint16_t* a1 = a0 + k_tiles * tile_elements;
+      for (int64_t j = upper_only ? std::max(i, pass) : pass; j < pass_end; j += kBlock) {
+        const uint32_t* b0 = b + (j / kTileRows) * k_tiles * tile_words;
+        const uint32_t* b1 = b0 + k_tiles * tile_words;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t t = 0; t < k_tiles; ++t) {
+          _tile_loadd(4, a0 + t * tile_elements, 64);
+          _tile_loadd(5, a1 + t * tile_elements, 64);
+          _tile_loadd(6, b0 + t * tile_words, 64);
+          _tile_loadd(7, b1 + t * tile_words, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        float* block = c + i * np + j;
+        _tile_stored(0, block, ldc_bytes);
+        _tile_stored(1, block + kTileRows, ldc_bytes);
+        _tile_stored(2, block + kTileRows * np, ldc_bytes);
+        _tile_stored(3, block + kTileRows * np + kTileRows, ldc_bytes);
       }
-      float* block = c + i * np + j;
-      _tile_stored(0, block, ldc_bytes);
-      _tile_stored(1, block + kTileRows, ldc_bytes);
-      _tile_stored(2, block + kTileRows * np, ldc_bytes);
-      _tile_stored(3, block + kTileRows * np + kTileRows, ldc_bytes);
     }
   }
   _tile_release();
 }
+
+// dst (16 x 16 words, row stride dst_stride) = src (16 x 16 words, row stride src_stride)
+// transposed, in registers. Every CPU with AMX has AVX-512F. (GCC 12 warns of the
+// intrinsics' own _mm512_undefined_epi32 placeholders under a target attribute: a false alarm.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void transpose_16x16(const uint32_t* src, int64_t src_stride, uint32_t* dst,
+                                                         int64_t dst_stride) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  for (int i = 0; i < 16; i += 2) {  // 2 x 2 blocks of words
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // 4 x 4 blocks
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lanes: rows i, i+4, i+8, i+12 hold lane pieces
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * dst_stride, r[i]);
+}
+#pragma GCC diagnostic pop
 #endif
 
 // Two bf16 values as one 32-bit word of AMX's pair layout: `low` at the lower address.
@@ -150,26 +194,54 @@ void pack_b(const float* b, bool b_transposed, int64_t n, int64_t k, int64_t np,
       }
     }
   } else {  // b is k x n: two rows of B make one row of pairs
+    const int64_t full_columns = n / kTileRows * kTileRows;
     for (int64_t kk = 0; kk < k; kk += 2) {
       uint32_t* pairs = words + (kk / kTileK) * tile_words + ((kk % kTileK) / 2) * kTileRows;
-      for (int64_t col = 0; col < n; ++col) {
+      // 16 columns at a time, one 64-byte tile row each: the bf16 bits of row kk in the low
+      // halves, of row kk+1 (zero past k) in the high halves, without a branch per element.
+      const float* low_row = b + kk * n;
+      const float* high_row = kk + 1 < k ? b + (kk + 1) * n : nullptr;
+      for (int64_t col = 0; col < full_columns; col += kTileRows) {
+        uint32_t low[kTileRows], high[kTileRows] = {};
+        std::memcpy(low, low_row + col, sizeof low);
+        if (high_row != nullptr) std::memcpy(high, high_row + col, sizeof high);
+        uint32_t* out = pairs + (col / kTileRows) * k_tiles * tile_words;
+        for (int64_t c = 0; c < kTileRows; ++c) out[c] = (low[c] >> 16) | (high[c] & 0xffff0000u);
+      }
+      for (int64_t col = full_columns; col < n; ++col) {
         pairs[(col / kTileRows) * k_tiles * tile_words + col % kTileRows] = bf16_pair(read(kk, col), read(kk + 1, col));
       }
     }
   }
 }
 
+#if SHARDOPT_AMX_COMPILED
 // For a times a^T, B's tiles are A's transposed as 16 x 16 words (a pair of A's row c at pair
 // column p is B's word (p, c)): from the packed A, in cache, instead of from the matrix again.
 void pack_b_from_a(const uint16_t* packed_a, int64_t tiles, uint32_t* words) {
   for (int64_t t = 0; t < tiles; ++t) {
-    const uint16_t* a = packed_a + t * kTileRows * kTileK;
-    uint32_t* b = words + t * kTileRows * kTileRows;
-    for (int64_t c = 0; c < kTileRows; ++c) {
-      for (int64_t p = 0; p < kTileRows; ++p) std::memcpy(&b[p * kTileRows + c], a + (c * kTileRows + p) * 2, 4);
+    transpose_16x16(reinterpret_cast<const uint32_t*>(packed_a + t * kTileRows * kTileK), kTileRows,
+                    words + t * kTileRows * kTileRows, kTileRows);
+  }
+}
+
+// The symmetric product's blocks below the diagonal were not computed: each of the m x m
+// product's rows r gets c's column r (ldc np) left of the diagonal, 16 x 16 words at a time
+// where whole, element by element along the diagonal and the ragged edge.
+void mirror_upper(const float* c, int64_t np, int64_t m, int64_t n, float* product) {
+  const auto* upper = reinterpret_cast<const uint32_t*>(c);
+  auto* lower = reinterpret_cast<uint32_t*>(product);
+  for (int64_t bi = 0; bi < m; bi += kTileRows) {
+    int64_t done = 0;  // columns of these rows mirrored so far
+    if (bi + kTileRows <= m) {
+      for (; done + kTileRows <= bi; done += kTileRows) transpose_16x16(upper + done * np + bi, np, lower + bi * n + done, n);
+    }
+    for (int64_t r = bi; r < std::min(m, bi + kTileRows); ++r) {
+      for (int64_t u = done; u < r; ++u) product[r * n + u] = c[u * np + r];
     }
   }
 }
+#endif
 
 }  // namespace
 
@@ -195,11 +267,13 @@ void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m,
   if (!unpadded) scratch.c.resize(static_cast<std::size_t>(mp * np));
   pack_a(a, m, k, mp, kp, scratch.a.data());
   scratch.b.resize(static_cast<std::size_t>(np * kp / 2));
+#if SHARDOPT_AMX_COMPILED
   if (symmetric) {
     pack_b_from_a(scratch.a.data(), (mp / kTileRows) * (kp / kTileK), scratch.b.data());
   } else {
     pack_b(b, b_transposed, n, k, np, kp, scratch.b.data());
   }
+#endif
   float* c = unpadded ? product : scratch.c.data();
 #if SHARDOPT_AMX_COMPILED
   tile_products(scratch.a.data(), scratch.b.data(), c, mp, np, kp, symmetric);
@@ -207,22 +281,9 @@ void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m,
   if (!unpadded) {
     for (int64_t r = 0; r < m; ++r) std::copy(c + r * np, c + r * np + n, product + r * n);
   }
-  if (!symmetric) return;
-  // Below the diagonal blocks were not computed: mirror the upper ones, 32 x 32 at a time,
-  // through a local copy (reading a column of the product directly would hit one cache set
-  // per element where a row is a multiple of 4 KiB).
-  float upper[kBlock][kBlock];
-  for (int64_t bi = 0; bi < m; bi += kBlock) {
-    const int64_t rows = std::min(kBlock, m - bi);
-    for (int64_t bj = 0; bj <= bi; bj += kBlock) {
-      const int64_t cols = std::min(kBlock, m - bj);
-      for (int64_t u = 0; u < cols; ++u) std::copy(c + (bj + u) * np + bi, c + (bj + u) * np + bi + rows, upper[u]);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t end = std::min(cols, bi + r - bj);  // columns left of the diagonal
-        for (int64_t u = 0; u < end; ++u) product[(bi + r) * n + bj + u] = upper[u][r];
-      }
-    }
-  }
+#if SHARDOPT_AMX_COMPILED
+  if (symmetric) mirror_upper(c, np, m, n, product);
+#endif
 }
 
 }  // namespace kernels
