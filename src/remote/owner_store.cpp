@@ -168,10 +168,7 @@ void OwnerStore::check_push(const RequestHeader& h, const int64_t* rows) {
 }
 
 void OwnerStore::add_dense(OwnerContext& context, const RequestHeader& h, const float* values) {
-  OwnedSlice& s = checked_slice(h.param, "push");
-  SHARDOPT_CHECK(h.count >= 0 && h.offset >= s.first_element() && h.offset + h.count <= s.first_element() + s.numel(),
-                 invalid_argument, "push: elements [{}, {}) are not within this owner's [{}, {})", h.offset,
-                 h.offset + h.count, s.first_element(), s.first_element() + s.numel());
+  OwnedSlice& s = checked_slice(h.param, "push");  // its range was checked on arrival (check_push)
   ParamSum& sum = context.sums[h.param];
   sum.make_dense(s);
   float* at = sum.values.data() + (h.offset - s.first_element());
@@ -179,11 +176,7 @@ void OwnerStore::add_dense(OwnerContext& context, const RequestHeader& h, const 
 }
 
 void OwnerStore::add_rows(OwnerContext& context, const RequestHeader& h, const int64_t* rows, const float* values) {
-  OwnedSlice& s = checked_slice(h.param, "push_rows");
-  for (int64_t i = 0; i < h.count; ++i) {
-    SHARDOPT_CHECK(rows[i] >= s.row_begin && rows[i] < s.row_end, invalid_argument,
-                   "push_rows: row {} is not among this owner's rows [{}, {})", rows[i], s.row_begin, s.row_end);
-  }
+  OwnedSlice& s = checked_slice(h.param, "push_rows");  // its rows were checked on arrival (check_push)
   ParamSum& sum = context.sums[h.param];
   if (sum.pool == nullptr && !sum.dense) {  // new: its buffers from those of applied contexts
     sum.pool = &pool_;

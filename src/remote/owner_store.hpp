@@ -107,10 +107,12 @@ class OwnerStore {
   OwnedSlice* slice(int32_t param);  // null when this rank owns none of it
   std::vector<OwnedSlice>& slices() { return slices_; }
 
-  // Error(invalid_argument) naming what is wrong with a push of `h` (its rows: `rows`), as
-  // add_dense and add_rows would raise it, without adding it.
+  // Error(invalid_argument) naming what is wrong with a push of `h` (its rows: `rows`): an
+  // unknown parameter, elements or rows outside this owner's. Every push is checked here on
+  // arrival, once; nothing is added.
   void check_push(const RequestHeader& h, const int64_t* rows);
-  // Adds a push into `context` (Error(invalid_argument) naming what is wrong; nothing added).
+  // Adds a push that check_push accepted into `context` (an allocation that fails, or a
+  // context past its distinct-row limit, raises; nothing added).
   void add_dense(OwnerContext& context, const RequestHeader& header, const float* values);
   void add_rows(OwnerContext& context, const RequestHeader& header, const int64_t* rows, const float* values);
   // One step of every parameter in `touched` that this owner holds, over the context's sums
