@@ -28,8 +28,10 @@ IMPLEMENTATION = [
     ("stage", ["1", "2"]),
     ("partition", ["flat", "sorted_greedy"]),
     # off: node_shared_params false; on: every rank of the machine one node; uneven: nodes of
-    # ranks_per_node ranks that do not divide the world (2 at np 3, 3 at np 4).
-    ("nodes", ["off", "on", "uneven"]),
+    # ranks_per_node ranks that do not divide the world (2 at np 3, 3 at np 4); pairs: nodes of 2
+    # at np 4 (the hierarchical reduction: each node's share summed over its slots, then across
+    # the nodes).
+    ("nodes", ["off", "on", "uneven", "pairs"]),
 ]
 # Program semantics: the reference runs the same.
 SEMANTICS = [
@@ -60,6 +62,8 @@ def valid(assignment):
     np_ = assignment.get("np")
     if np_ == "2" and assignment.get("nodes") == "uneven":
         return False  # two ranks make no uneven nodes
+    if np_ in ("2", "3") and assignment.get("nodes") == "pairs":
+        return False  # nodes of 2 over several nodes, all alike: np 4 only
     if np_ == "3" and assignment.get("local_sgd") == "replicas2":
         return False  # three ranks make no two-rank replicas
     return True

@@ -92,7 +92,9 @@ AveragerConfig averager_config(const std::string& local_sgd) {
 }
 
 int ranks_per_node(const Combination& c, bool reference) {
-  if (reference || !c.is("nodes", "uneven")) return 0;
+  if (reference) return 0;
+  if (c.is("nodes", "pairs")) return 2;  // nodes {0,1},{2,3} at np 4
+  if (!c.is("nodes", "uneven")) return 0;
   return c.np == 3 ? 2 : 3;  // nodes {0,1},{2} at np 3; {0,1,2},{3} at np 4
 }
 
