@@ -52,6 +52,7 @@ Loaded load() {
   resolve(t.set_math_mode, "cublasSetMathMode");
   resolve(t.sgemm, "cublasSgemm_v2");
   resolve(t.ssyrk, "cublasSsyrk_v2");
+  resolve(t.gemm_ex, "cublasGemmEx");
   if (!loaded.failure.empty()) loaded.table = CublasTable{};  // all or nothing
   return loaded;
 }

@@ -21,6 +21,10 @@ struct CublasTable {
   decltype(&::cublasSetMathMode) set_math_mode = nullptr;
   decltype(&::cublasSgemm_v2) sgemm = nullptr;
   decltype(&::cublasSsyrk_v2) ssyrk = nullptr;
+  // The C symbol (cublasComputeType_t); C++ also sees an overload taking cudaDataType.
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
 };
 
 // "" where cuBLAS is loaded and every function resolved (once per process, thread safe);

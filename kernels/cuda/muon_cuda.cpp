@@ -40,6 +40,64 @@ T* device_alloc(int64_t count, const char* what) {
 
 float round_bf16_host(float x) { return bf16_to_float(float_to_bf16(x)); }
 
+// Newton-Schulz's iterations on the normalised m x n matrix ws.x (m <= n; cuBLAS sees X^T,
+// n x m, leading dimension n) in fp32: ssyrk and sgemm.
+void newton_schulz_f32_steps(const CublasTable& blas, cublasHandle_t handle, int mi, int ni, const MuonScalars& s,
+                             MuonCudaWorkspace& ws, void* stream) {
+  const int64_t m = mi, n = ni;
+  constexpr bool bf16 = false;  // the epilogues round nothing
+  const float one = 1.f, zero = 0.f;
+  for (int step = 0; step < s.ns_steps; ++step) {
+    // A = X X^T: (X^T)^T (X^T) in cuBLAS's terms, its upper triangle, mirrored.
+    check_cublas(blas.ssyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, mi, ni, &one, ws.x, ni, &zero, ws.poly, mi),
+                 "cublasSsyrk (X X^T)");
+    check_launch(launch_muon_mirror(ws.poly, m, stream), "mirroring X X^T");
+    check_launch(launch_muon_epilogue(nullptr, 0.f, ws.poly, 1.f, m * m, ws.gram, bf16, stream), "rounding A");
+    // B = b A + c A A, with A A = A A^T for the exactly symmetric A.
+    check_cublas(blas.ssyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, mi, mi, &one, ws.gram, mi, &zero, ws.next, mi),
+                 "cublasSsyrk (A A)");
+    check_launch(launch_muon_mirror(ws.next, m, stream), "mirroring A A");
+    check_launch(launch_muon_epilogue(ws.gram, s.ns[1], ws.next, s.ns[2], m * m, ws.poly, bf16, stream), "forming B");
+    // X = a X + B X; transposed for cuBLAS: X^T B^T = X^T B (B symmetric), n x m.
+    check_cublas(blas.sgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, mi, &one, ws.x, ni, ws.poly, mi, &zero, ws.next, ni),
+                 "cublasSgemm (B X)");
+    check_launch(launch_muon_epilogue(ws.x, s.ns[0], ws.next, 1.f, m * n, ws.x, bf16, stream), "forming X");
+  }
+}
+
+// The same iterations with bf16 operands: each product reads the bf16 bits of its (already
+// bf16-rounded) inputs and writes fp32, which the epilogue rounds to bf16 as in fp32 mode.
+// cuBLAS has no bf16 syrk: A = X X^T and A A are full products, mirrored from their upper
+// triangles so that A and A A are exactly symmetric, as the fp32 path's.
+void newton_schulz_bf16_steps(const CublasTable& blas, cublasHandle_t handle, int mi, int ni, const MuonScalars& s,
+                              MuonCudaWorkspace& ws, void* stream) {
+  const int64_t m = mi, n = ni;
+  const float one = 1.f, zero = 0.f;
+  const auto gemm = [&](cublasOperation_t op_a, cublasOperation_t op_b, int rows, int cols, int depth,
+                        const uint16_t* a, int lda, const uint16_t* b, int ldb, float* c, int ldc, const char* what) {
+    check_cublas(blas.gemm_ex(handle, op_a, op_b, rows, cols, depth, &one, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb,
+                              &zero, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 what);
+  };
+  check_launch(launch_muon_to_bf16(ws.x, ws.x_bf16, m * n, stream), "X in bf16");
+  for (int step = 0; step < s.ns_steps; ++step) {
+    // A = X X^T = (X^T)^T (X^T), mirrored from its upper triangle.
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, mi, mi, ni, ws.x_bf16, ni, ws.x_bf16, ni, ws.poly, mi, "cublasGemmEx (X X^T)");
+    check_launch(launch_muon_mirror(ws.poly, m, stream), "mirroring X X^T");
+    check_launch(launch_muon_epilogue(nullptr, 0.f, ws.poly, 1.f, m * m, ws.gram, true, stream), "rounding A");
+    check_launch(launch_muon_to_bf16(ws.gram, ws.gram_bf16, m * m, stream), "A in bf16");
+    // B = b A + c A A.
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, mi, mi, mi, ws.gram_bf16, mi, ws.gram_bf16, mi, ws.next, mi, "cublasGemmEx (A A)");
+    check_launch(launch_muon_mirror(ws.next, m, stream), "mirroring A A");
+    check_launch(launch_muon_epilogue(ws.gram, s.ns[1], ws.next, s.ns[2], m * m, ws.poly, true, stream), "forming B");
+    check_launch(launch_muon_to_bf16(ws.poly, ws.poly_bf16, m * m, stream), "B in bf16");
+    // X = a X + B X; transposed for cuBLAS: X^T B (B symmetric), n x m.
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, mi, ws.x_bf16, ni, ws.poly_bf16, mi, ws.next, ni, "cublasGemmEx (B X)");
+    check_launch(launch_muon_epilogue(ws.x, s.ns[0], ws.next, 1.f, m * n, ws.x, true, stream), "forming X");
+    check_launch(launch_muon_to_bf16(ws.x, ws.x_bf16, m * n, stream), "X in bf16");
+  }
+}
+
 }  // namespace
 
 MuonCudaWorkspace::~MuonCudaWorkspace() {
@@ -52,10 +110,12 @@ MuonCudaWorkspace::~MuonCudaWorkspace() {
 
 void MuonCudaWorkspace::release() {
   for (void* p : {static_cast<void*>(update), static_cast<void*>(x), static_cast<void*>(next),
-                  static_cast<void*>(gram), static_cast<void*>(poly)}) {
+                  static_cast<void*>(gram), static_cast<void*>(poly), static_cast<void*>(x_bf16),
+                  static_cast<void*>(gram_bf16), static_cast<void*>(poly_bf16)}) {
     if (p != nullptr) cudaFree(p);
   }
   update = x = next = gram = poly = nullptr;
+  x_bf16 = gram_bf16 = poly_bf16 = nullptr;
   matrix_capacity_ = gram_capacity_ = 0;
 }
 
@@ -65,8 +125,6 @@ void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols, void* stream) {
     cublasHandle_t handle = nullptr;
     check_cublas(blas.create(&handle), "cublasCreate");
     cublas = handle;
-    // No TF32 and no reduced-precision reductions: fp32 products whatever the GPU prefers.
-    check_cublas(blas.set_math_mode(handle, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode(CUBLAS_PEDANTIC_MATH)");
   }
   if (squares == nullptr) squares = device_alloc<double>(1, "the norm");
   const int64_t matrix = rows * cols;
@@ -83,6 +141,9 @@ void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols, void* stream) {
   next = device_alloc<float>(keep_matrix, "the product");
   gram = device_alloc<float>(keep_gram, "the Gram matrix");
   poly = device_alloc<float>(keep_gram, "the Gram polynomial");
+  x_bf16 = device_alloc<uint16_t>(keep_matrix, "the working matrix in bf16");
+  gram_bf16 = device_alloc<uint16_t>(keep_gram, "the Gram matrix in bf16");
+  poly_bf16 = device_alloc<uint16_t>(keep_gram, "the Gram polynomial in bf16");
   matrix_capacity_ = keep_matrix;
   gram_capacity_ = keep_gram;
 }
@@ -106,22 +167,16 @@ void newton_schulz_cuda(const float* g, float* out, int64_t rows, int64_t cols, 
   check_launch(launch_muon_sum_squares(ws.x, m * n, ws.squares, stream), "the Frobenius norm");
   const float floor = bf16 ? round_bf16_host(s.eps) : s.eps;
   check_launch(launch_muon_normalize(ws.x, m * n, ws.squares, floor, bf16, stream), "normalising");
-  const float one = 1.f, zero = 0.f;
-  for (int step = 0; step < s.ns_steps; ++step) {
-    // A = X X^T: (X^T)^T (X^T) in cuBLAS's terms, its upper triangle, mirrored.
-    check_cublas(blas.ssyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, mi, ni, &one, ws.x, ni, &zero, ws.poly, mi),
-                 "cublasSsyrk (X X^T)");
-    check_launch(launch_muon_mirror(ws.poly, m, stream), "mirroring X X^T");
-    check_launch(launch_muon_epilogue(nullptr, 0.f, ws.poly, 1.f, m * m, ws.gram, bf16, stream), "rounding A");
-    // B = b A + c A A, with A A = A A^T for the exactly symmetric A.
-    check_cublas(blas.ssyrk(handle, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, mi, mi, &one, ws.gram, mi, &zero, ws.next, mi),
-                 "cublasSsyrk (A A)");
-    check_launch(launch_muon_mirror(ws.next, m, stream), "mirroring A A");
-    check_launch(launch_muon_epilogue(ws.gram, s.ns[1], ws.next, s.ns[2], m * m, ws.poly, bf16, stream), "forming B");
-    // X = a X + B X; transposed for cuBLAS: X^T B^T = X^T B (B symmetric), n x m.
-    check_cublas(blas.sgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, mi, &one, ws.x, ni, ws.poly, mi, &zero, ws.next, ni),
-                 "cublasSgemm (B X)");
-    check_launch(launch_muon_epilogue(ws.x, s.ns[0], ws.next, 1.f, m * n, ws.x, bf16, stream), "forming X");
+  if (bf16) {
+    // bf16 operands on the tensor cores with fp32 sums; no reduced-precision reductions.
+    check_cublas(blas.set_math_mode(handle, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                                      CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+                 "cublasSetMathMode(no reduced-precision reductions)");
+    newton_schulz_bf16_steps(blas, handle, mi, ni, s, ws, stream);
+  } else {
+    // No TF32 and no reduced-precision reductions: fp32 products whatever the GPU prefers.
+    check_cublas(blas.set_math_mode(handle, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode(CUBLAS_PEDANTIC_MATH)");
+    newton_schulz_f32_steps(blas, handle, mi, ni, s, ws, stream);
   }
   // Back to rows x cols (a tall matrix was worked on transposed); no rounding on the way out.
   check_launch(launch_muon_copy(ws.x, out, m, n, tall, false, stream), "copying the result out");

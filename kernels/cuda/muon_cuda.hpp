@@ -1,10 +1,13 @@
-// kernels/cuda/muon_cuda.hpp — Muon's update of one whole matrix on CUDA: momentum, Newton-Schulz on cuBLAS (pedantic fp32 math, bf16 emulated as on the CPU), decay and the shape-adjusted step.
+// kernels/cuda/muon_cuda.hpp — Muon's update of one whole matrix on CUDA: momentum, Newton-Schulz on cuBLAS (fp32: pedantic sgemm/ssyrk; bf16: bf16 operands on the tensor cores, fp32 sums), decay and the shape-adjusted step.
 //
-// The contract of muon_cpu.hpp on device memory: every step is the CPU kernel's, element by
-// element (the same helpers, no FMA contraction), and the products are cuBLAS sgemm/ssyrk in
-// CUBLAS_PEDANTIC_MATH (no TF32, no reduced-precision reductions), so the bits never depend on
-// cuBLAS's heuristics for one GPU and build; against the CPU they differ only by the products'
-// summation order (tests/gpu: within the parity tolerance). Everything is enqueued on `stream`
+// The contract of muon_cpu.hpp on device memory: every element-wise step is the CPU kernel's
+// (the same helpers, no FMA contraction). The products: in fp32, cuBLAS sgemm/ssyrk in
+// CUBLAS_PEDANTIC_MATH (no TF32, no reduced-precision reductions); in bf16, cublasGemmEx with
+// bf16 operands (the bf16-rounded values the CPU multiplies, exactly) and fp32 results and
+// sums (CUBLAS_COMPUTE_32F, reduced-precision reductions disallowed), rounded to bf16 by the
+// same epilogue as the CPU's: torch's bf16 Newton-Schulz, at the tensor cores' speed. For one
+// GPU model and build the bits are the same at every run; against the CPU they differ only by
+// the products' summation order (tests/gpu: within the parity tolerance). Everything is enqueued on `stream`
 // (a cudaStream_t as void*, null: the legacy default stream); nothing waits for the device.
 // Only in a build with CUDA (SHARDOPT_HAVE_CUDA); cuBLAS is loaded at run time
 // (cublas_loader.hpp): where it cannot be, Error(unsupported) says so.
@@ -38,6 +41,10 @@ class MuonCudaWorkspace {
   float* next = nullptr;
   float* gram = nullptr;
   float* poly = nullptr;
+  // The bf16 path's product operands: X, A and B as bf16 bits (the values above, exactly).
+  uint16_t* x_bf16 = nullptr;
+  uint16_t* gram_bf16 = nullptr;
+  uint16_t* poly_bf16 = nullptr;
   double* squares = nullptr;  // the sum of squares of the normalised matrix, on the device
   void* cublas = nullptr;     // cublasHandle_t
 

@@ -1,4 +1,4 @@
-// kernels/cuda/muon_kernels.cu — Muon's element-wise CUDA kernels (momentum, copies with bf16 rounding, the norm, the GEMM epilogue, the symmetric mirror, the update), each the CPU kernel's arithmetic.
+// kernels/cuda/muon_kernels.cu — Muon's element-wise CUDA kernels (momentum, copies with bf16 rounding, the norm, the GEMM epilogue, the bf16 operands, the symmetric mirror, the update), each the CPU kernel's arithmetic.
 #include <cuda_runtime.h>
 
 #include "cuda/muon_launchers.hpp"
@@ -82,6 +82,10 @@ __global__ void epilogue_kernel(const float* c, float beta, const float* product
   }
 }
 
+__global__ void to_bf16_kernel(const float* in, uint16_t* out, int64_t n) {
+  for (int64_t i = grid_first(); i < n; i += grid_stride()) out[i] = float_to_bf16(in[i]);
+}
+
 __global__ void mirror_kernel(float* a, int64_t m) {
   for (int64_t k = grid_first(); k < m * m; k += grid_stride()) {
     const int64_t i = k % m, j = k / m;  // column-major (i, j); the upper triangle holds i <= j
@@ -140,6 +144,11 @@ int launch_muon_epilogue(const float* c, float beta, const float* product, float
                          bool round_bf16, void* stream) {
   epilogue_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(c, beta, product, alpha, n, out,
                                                                                     round_bf16);
+  return last_launch();
+}
+
+int launch_muon_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream) {
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n);
   return last_launch();
 }
 

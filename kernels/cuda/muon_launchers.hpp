@@ -25,6 +25,9 @@ int launch_muon_normalize(float* x, int64_t n, const double* squares, float floo
 // out = beta * c + alpha * product (out = product without c), rounded to bf16 where asked.
 int launch_muon_epilogue(const float* c, float beta, const float* product, float alpha, int64_t n, float* out,
                          bool round_bf16, void* stream);
+// out[i] = in[i] as bf16 bits (exact for the bf16-rounded values the bf16 path keeps): the
+// operands of the bf16 products.
+int launch_muon_to_bf16(const float* in, uint16_t* out, int64_t n, void* stream);
 // The m x m matrix `a` with only its upper triangle (column-major, as ssyrk wrote it) made
 // exactly symmetric.
 int launch_muon_mirror(float* a, int64_t m, void* stream);
