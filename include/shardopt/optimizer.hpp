@@ -286,7 +286,10 @@ struct MemoryReport {
   // the sync's staging, otherwise in buffer_bytes).
   int64_t node_shared_param_bytes = 0;
   int32_t node_ranks = 1;
-  int64_t grad_bytes = 0;          // gradients shardopt owns (stage 2: this rank's shard only)
+  // Gradients shardopt owns. Stage 2: this rank's shard only; on one node with node-shared
+  // parameters, this rank's whole node-shared gradient slot, into whose shard positions the
+  // shard's average is summed.
+  int64_t grad_bytes = 0;
   int64_t buffer_bytes = 0;        // staging for the sync and the gradient reduction
   int64_t shard_numel = 0;         // elements this rank updates
   int64_t trainable_numel = 0;     // trainable elements over all ranks

@@ -194,7 +194,19 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   }
   grad_slots_ = std::move(next_slots);
   hand_over_slot_ = std::move(next_hand_over_slot);
-  shard_grads_ = dev_.new_buffer(stage2() ? next_shard : 0, dt);
+  // Stage 2 on one node: this rank's shard of the average is summed in place into its own slot,
+  // at the shard's own positions, which no other rank reads (each sums only its own positions
+  // over the slots). No shard gradient buffer of its own, and the sum writes the lines it has
+  // just read instead of a third stream. Across nodes the hierarchical reduction publishes the
+  // average into every slot and copies the shard out: a buffer of its own there.
+  const core::FlatBuffer& own_slot = bucket_view() ? flat_grads_ : hand_over_slot_;
+  if (stage2() && !grad_slots_.slots.empty() && grad_slots_.cross == nullptr && next_shard > 0) {
+    const int64_t own_offset = next.shards[static_cast<std::size_t>(dev_.rank())].offset;
+    shard_grads_ = core::FlatBuffer::over_mapping(std::const_pointer_cast<void>(own_slot.keeper()),
+                                                  own_slot.at(own_offset), next_shard, dt);
+  } else {
+    shard_grads_ = dev_.new_buffer(stage2() ? next_shard : 0, dt);
+  }
   state_ = std::move(next_state);
   layout_ = std::move(next);
   has_layout_ = true;

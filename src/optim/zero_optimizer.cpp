@@ -200,7 +200,8 @@ MemoryReport ZeroOptimizer::memory_report() const {
   report.master_bytes += shard.remainder_buffer().bytes();
   report.state_bytes += shard.q8_bytes();
   report.param_bytes = shard.flat_params().bytes();
-  report.grad_bytes = shard.flat_grads().bytes() + shard.shard_grads().bytes();
+  // Stage 2 on one node: the shard's gradients are positions of this rank's slot, counted once.
+  report.grad_bytes = shard.flat_grads().bytes() + (shard.shard_grads().borrowed() ? 0 : shard.shard_grads().bytes());
   report.buffer_bytes = shard.sync_staging().bytes() + shard.grad_staging().bytes() + shard.hand_over_slot().bytes() +
                         impl_->reducer.staging_bytes() +
                         impl_->overlap.staging_bytes();

@@ -225,8 +225,13 @@ TEST_CASE("stage 2 with bucket view on one node: the backward writes its node-sh
       CHECK(m2.grad_bytes == mine.grad_bytes);
       continue;
     }
-    // Exactly stage 1's gradient slot plus the shard's averaged gradients, and nothing beside.
-    CHECK(m2.grad_bytes == m1.grad_bytes + mine.grad_bytes);
+    // On one node exactly stage 1's gradient slot, and nothing beside: the shard's average is
+    // summed in place into the slot's positions of this rank's shard. Across nodes of equal size
+    // the hierarchical reduction copies the shard out of the slot into a buffer of its own, the
+    // size an unshared rank keeps.
+    const bool across_nodes = per_node > 0 && n > per_node;
+    CHECK(m2.grad_bytes == m1.grad_bytes + (across_nodes ? mine.grad_bytes : 0));
+    CHECK(mine.grad_bytes > 0);
     CHECK(m2.buffer_bytes == 0);
     CHECK(m1.buffer_bytes == 0);
     // The view is the slot: stage 1's view of the same param sits at the same offset of its own slot.
