@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kernel_check.hpp"
+#include "precision.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHARDOPT_AMX_COMPILED 1
@@ -27,6 +28,9 @@ constexpr int64_t kBlock = 32;     // the 2 x 2 tiles of one output block
 constexpr int64_t kColumnsPerPass = 256;  // B's columns per pass over A: 512 KiB of bf16 at k 1024
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// x rounded to the nearest bf16 (ties to even), as a float: the bf16 emulation's rounding.
+float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 // The upper 16 bits of a float that holds a bf16 value: exact.
 uint16_t bf16_bits(float x) {
@@ -66,12 +70,38 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// C (mp x np, ldc np) = packed A times packed B; tiles 0-3 accumulate, 4-5 hold A, 6-7 hold B.
-// A: [mp/16][kp/32] tiles of 16 rows x 32 bf16; B: [np/16][kp/32] tiles of 16 k pairs x 16
+// Where a finished 32 x 32 block goes: into `out` (m x n, row-major), the rows and columns past
+// m and n (padding) left out, through `epilogue` when there is one.
+struct BlockSink {
+  float* out = nullptr;
+  int64_t m = 0, n = 0;
+  const AmxEpilogue* epilogue = nullptr;
+};
+
+// The block at (i, j), stored from the tiles into `block` (32 x 32, row-major), written out.
+void write_block(const float* block, int64_t i, int64_t j, const BlockSink& sink) {
+  const int64_t rows = std::min(kBlock, sink.m - i), cols = std::min(kBlock, sink.n - j);
+  const AmxEpilogue* e = sink.epilogue;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* product = block + r * kBlock;
+    float* out = sink.out + (i + r) * sink.n + j;
+    if (e == nullptr) {
+      std::copy(product, product + cols, out);
+    } else if (e->c == nullptr) {
+      for (int64_t q = 0; q < cols; ++q) out[q] = round_to_bf16(product[q]);
+    } else {
+      const float* c = e->c + (i + r) * sink.n + j;
+      for (int64_t q = 0; q < cols; ++q) out[q] = round_to_bf16(e->beta * c[q] + e->alpha * product[q]);
+    }
+  }
+}
+
+// The product of packed A and packed B into `sink`; tiles 0-3 accumulate, 4-5 hold A, 6-7 hold
+// B. A: [mp/16][kp/32] tiles of 16 rows x 32 bf16; B: [np/16][kp/32] tiles of 16 k pairs x 16
 // columns x 2 (AMX's pair layout). Blocks below the diagonal are skipped when `upper_only`.
-__attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* a, const uint32_t* b, float* c,
-                                                                 int64_t mp, int64_t np, int64_t kp,
-                                                                 bool upper_only) {
+__attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* a, const uint32_t* b,
+                                                                 const BlockSink& sink, int64_t mp, int64_t np,
+                                                                 int64_t kp, bool upper_only) {
   TileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.rows[t] = kTileRows;
@@ -81,7 +111,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* 
   const int64_t k_tiles = kp / kTileK;
   const int64_t tile_elements = kTileRows * kTileK;  // 512 bf16 per A tile
   const int64_t tile_words = kTileRows * kTileRows;  // 256 pairs per B tile
-  const int64_t ldc_bytes = np * static_cast<int64_t>(sizeof(float));
+  constexpr int64_t kBlockBytes = kBlock * static_cast<int64_t>(sizeof(float));
+  alignas(64) float block[kBlock * kBlock];  // one finished block, in L1 until written out
   // B's columns in passes that stay in L2 while every block row of A streams past them (the
   // whole of B, 2 MiB at 1024 x 1024, does not fit beside A's panel). Each accumulator still
   // sums its whole k range in one order from zero: the bits do not depend on the blocking.
@@ -108,11 +139,11 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* 
           _tile_dpbf16ps(2, 5, 6);
           _tile_dpbf16ps(3, 5, 7);
         }
-        float* block = c + i * np + j;
-        _tile_stored(0, block, ldc_bytes);
-        _tile_stored(1, block + kTileRows, ldc_bytes);
-        _tile_stored(2, block + kTileRows * np, ldc_bytes);
-        _tile_stored(3, block + kTileRows * np + kTileRows, ldc_bytes);
+        _tile_stored(0, block, kBlockBytes);
+        _tile_stored(1, block + kTileRows, kBlockBytes);
+        _tile_stored(2, block + kTileRows * kBlock, kBlockBytes);
+        _tile_stored(3, block + kTileRows * kBlock + kTileRows, kBlockBytes);
+        write_block(block, i, j, sink);
       }
     }
   }
@@ -226,18 +257,17 @@ void pack_b_from_a(const uint16_t* packed_a, int64_t tiles, uint32_t* words) {
 }
 
 // The symmetric product's blocks below the diagonal were not computed: each of the m x m
-// product's rows r gets c's column r (ldc np) left of the diagonal, 16 x 16 words at a time
-// where whole, element by element along the diagonal and the ragged edge.
-void mirror_upper(const float* c, int64_t np, int64_t m, int64_t n, float* product) {
-  const auto* upper = reinterpret_cast<const uint32_t*>(c);
-  auto* lower = reinterpret_cast<uint32_t*>(product);
+// product's rows r gets column r left of the diagonal, 16 x 16 words at a time where whole,
+// element by element along the diagonal and the ragged edge.
+void mirror_upper(float* product, int64_t m) {
+  auto* words = reinterpret_cast<uint32_t*>(product);
   for (int64_t bi = 0; bi < m; bi += kTileRows) {
     int64_t done = 0;  // columns of these rows mirrored so far
     if (bi + kTileRows <= m) {
-      for (; done + kTileRows <= bi; done += kTileRows) transpose_16x16(upper + done * np + bi, np, lower + bi * n + done, n);
+      for (; done + kTileRows <= bi; done += kTileRows) transpose_16x16(words + done * m + bi, m, words + bi * m + done, m);
     }
     for (int64_t r = bi; r < std::min(m, bi + kTileRows); ++r) {
-      for (int64_t u = done; u < r; ++u) product[r * n + u] = c[u * np + r];
+      for (int64_t u = done; u < r; ++u) product[r * m + u] = product[u * m + r];
     }
   }
 }
@@ -257,14 +287,12 @@ bool amx_bf16_usable() {
 }
 
 void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m, int64_t n, int64_t k,
-                   bool symmetric, float* product, AmxScratch& scratch) {
+                   bool symmetric, float* product, AmxScratch& scratch, const AmxEpilogue* epilogue) {
   SHARDOPT_KERNEL_CHECK(amx_bf16_usable(), unsupported, "amx_bf16_gemm: this CPU or process has no AMX bf16 tiles");
   SHARDOPT_KERNEL_CHECK(!symmetric || (m == n && b == a && b_transposed), invalid_argument,
                         "amx_bf16_gemm: a symmetric product is a times a^T");
   const int64_t mp = round_up(m, kBlock), np = round_up(n, kBlock), kp = round_up(k, kTileK);
   scratch.a.resize(static_cast<std::size_t>(mp * kp));
-  const bool unpadded = m == mp && n == np;  // then the tiles store straight into `product`
-  if (!unpadded) scratch.c.resize(static_cast<std::size_t>(mp * np));
   pack_a(a, m, k, mp, kp, scratch.a.data());
   scratch.b.resize(static_cast<std::size_t>(np * kp / 2));
 #if SHARDOPT_AMX_COMPILED
@@ -273,16 +301,15 @@ void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m,
   } else {
     pack_b(b, b_transposed, n, k, np, kp, scratch.b.data());
   }
-#endif
-  float* c = unpadded ? product : scratch.c.data();
-#if SHARDOPT_AMX_COMPILED
-  tile_products(scratch.a.data(), scratch.b.data(), c, mp, np, kp, symmetric);
-#endif
-  if (!unpadded) {
-    for (int64_t r = 0; r < m; ++r) std::copy(c + r * np, c + r * np + n, product + r * n);
-  }
-#if SHARDOPT_AMX_COMPILED
-  if (symmetric) mirror_upper(c, np, m, n, product);
+  // Both operands are packed: from here on `product` may be written even where it is a or b.
+  tile_products(scratch.a.data(), scratch.b.data(), BlockSink{product, m, n, epilogue}, mp, np, kp, symmetric);
+  if (symmetric) mirror_upper(product, m);
+#else
+  (void)b;
+  (void)b_transposed;
+  (void)symmetric;
+  (void)product;
+  (void)epilogue;
 #endif
 }
 

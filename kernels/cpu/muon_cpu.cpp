@@ -162,27 +162,25 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
   float* poly = ws.poly.data();
   float* next = ws.next.data();
   const bool amx = precision == MuonPrecision::bf16 && bf16_products_on_amx();
-  for (int step = 0; step < s.ns_steps; ++step) {
+  for (int step = 0; step < s.ns_steps && amx; ++step) {
+    // On AMX tiles each epilogue runs on a block as it leaves the tiles, straight into its
+    // destination: the same fp32 operations and rounding as the separate passes below.
+    const AmxEpilogue round_only{};
+    amx_bf16_gemm(x, x, true, m, m, n, true, gram, ws.amx, &round_only);             // A = X X^T
+    const AmxEpilogue polynomial{gram, s.ns[1], s.ns[2]};
+    amx_bf16_gemm(gram, gram, true, m, m, m, true, poly, ws.amx, &polynomial);      // B = b A + c A A
+    const AmxEpilogue next_x{x, s.ns[0], 1.f};
+    amx_bf16_gemm(poly, x, false, m, n, m, false, x, ws.amx, &next_x);              // X = a X + B X
+  }
+  for (int step = 0; step < s.ns_steps && !amx; ++step) {
     // A = X X^T
-    if (amx) {
-      amx_bf16_gemm(x, x, true, m, m, n, true, poly, ws.amx);
-    } else {
-      gram_matrix(x, m, n, poly);
-    }
+    gram_matrix(x, m, n, poly);
     epilogue(nullptr, 0.f, poly, 1.f, m * m, gram, precision);
     // B = b A + c A A
-    if (amx) {
-      amx_bf16_gemm(gram, gram, true, m, m, m, true, next, ws.amx);
-    } else {
-      gram_matrix(gram, m, m, next);
-    }
+    gram_matrix(gram, m, m, next);
     epilogue(gram, s.ns[1], next, s.ns[2], m * m, poly, precision);
     // X = a X + B X
-    if (amx) {
-      amx_bf16_gemm(poly, x, false, m, n, m, false, next, ws.amx);
-    } else {
-      matmul(poly, x, m, n, m, next);
-    }
+    matmul(poly, x, m, n, m, next);
     epilogue(x, s.ns[0], next, 1.f, m * n, x, precision);
   }
   if (tall) {
