@@ -41,6 +41,10 @@ typedef struct shardopt_remote_options {
   double context_expiry_seconds;   /* an untouched context, a silent trainer */
   int32_t max_open_contexts;
   int32_t cpu_threads;
+  /* appended (a struct_size through cpu_threads is still accepted, with the default): bytes of
+   * pushes an owner keeps per context as received before summing them; 0 sums each on arrival;
+   * negative is refused (RemoteOptions::push_log_bytes) */
+  int64_t push_log_bytes;
 } shardopt_remote_options;
 
 static inline void shardopt_remote_options_init(shardopt_remote_options* options) {
@@ -51,6 +55,7 @@ static inline void shardopt_remote_options_init(shardopt_remote_options* options
   options->context_expiry_seconds = 120.0;
   options->max_open_contexts = 8;
   options->cpu_threads = 0;
+  options->push_log_bytes = (int64_t)64 << 20;
 }
 
 /* A parameter as lookup names it. */
@@ -72,6 +77,8 @@ typedef struct shardopt_remote_stats {
   int64_t open_contexts;
   int64_t accumulator_bytes;
   int64_t pooled_bytes; /* appended: a struct_size through accumulator_bytes is still accepted */
+  int64_t logged_bytes; /* appended (through pooled_bytes still accepted): pushes received, not yet summed
+                         * (part of accumulator_bytes) */
 } shardopt_remote_stats;
 
 /* shardopt_comm_world with MPI initialised for MPI_THREAD_MULTIPLE (the owners' service thread). */

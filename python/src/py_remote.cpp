@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "py_hyperparams.hpp"
+#include "py_optimizer.hpp"
 #include "shardopt/shardopt.hpp"
 
 using namespace nb::literals;
@@ -97,6 +98,22 @@ std::vector<shardopt::RemoteGroupSpec> groups_from(const nb::list& groups, std::
   return out;
 }
 
+// push_log_bytes=: a Python int within int64 (a larger one is named, not wrapped or cut); the
+// sign is the constructor's to check, with the other options.
+int64_t push_log_bytes_from(nb::handle value) {
+  if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr())) {
+    throw Error(ErrorCode::invalid_argument, "RemoteOptimizer: push_log_bytes must be an int, not " +
+                                                 nb::cast<std::string>(nb::str(value.type().attr("__name__"))));
+  }
+  int overflow = 0;
+  const long long bytes = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (overflow != 0) {
+    throw Error(ErrorCode::invalid_argument, "RemoteOptimizer: push_log_bytes is " + nb::cast<std::string>(nb::str(value)) +
+                                                 ", past the largest int64; give 0 (sum each push on arrival) or more");
+  }
+  return static_cast<int64_t>(bytes);
+}
+
 }  // namespace
 
 void bind_remote(nb::module_& m) {
@@ -111,15 +128,21 @@ void bind_remote(nb::module_& m) {
   nb::class_<PyRemote>(m, "RemoteOptimizer",
                        "Parameters on their owners; trainers push gradients into contexts and step them there.\n"
                        "groups: [{'algorithm': Algorithm.sgd, 'lr': 0.1, ..., 'params': [(name, rows, row_size,\n"
-                       "row_begin, row_end, initial_or_None), ...]}] for the parameters this rank owns.")
+                       "row_begin, row_end, initial_or_None), ...]}] for the parameters this rank owns.\n"
+                       "push_log_bytes: bytes of pushes an owner keeps per context before summing them\n"
+                       "(None: 64 MiB; 0: each summed on arrival). stats() includes logged_bytes.")
       .def(
           "__init__",
           [](PyRemote* self, std::shared_ptr<shardopt::Communicator> comm, nb::list groups, bool trainer,
              bool deterministic, double timeout_seconds, double context_expiry_seconds, int max_open_contexts,
-             int cpu_threads) {
+             int cpu_threads, nb::object push_log_bytes) {
             std::vector<nb::object> keep;
-            std::vector<shardopt::RemoteGroupSpec> specs = groups_from(groups, keep);
             shardopt::RemoteOptions o;
+            // A read failing on one rank joins the constructor's agreement: every rank raises.
+            std::vector<shardopt::RemoteGroupSpec> specs = read_collectively(*comm, "RemoteOptimizer", [&] {
+              if (!push_log_bytes.is_none()) o.push_log_bytes = push_log_bytes_from(push_log_bytes);
+              return groups_from(groups, keep);
+            });
             o.trainer = trainer;
             o.order = deterministic ? shardopt::RemoteOrder::deterministic : shardopt::RemoteOrder::arrival;
             o.timeout_seconds = timeout_seconds;
@@ -132,7 +155,7 @@ void bind_remote(nb::module_& m) {
           },
           "comm"_a, "groups"_a = nb::list(), "trainer"_a = true, "deterministic"_a = false,
           "timeout_seconds"_a = 60.0, "context_expiry_seconds"_a = 120.0, "max_open_contexts"_a = 8,
-          "cpu_threads"_a = 0)
+          "cpu_threads"_a = 0, "push_log_bytes"_a = nb::none())
       .def("lookup", [](PyRemote& r, const std::string& name) { return r.remote->lookup(name); })
       .def("param_names", [](PyRemote& r) { return r.remote->param_names(); })
       .def("open_context", [](PyRemote& r) { return r.remote->open_context(); })

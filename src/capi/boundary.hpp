@@ -16,6 +16,7 @@
 #include "core/dlpack_import.hpp"
 #include "shardopt/error.hpp"
 #include "shardopt/shardopt.h"
+#include "shardopt/shardopt_remote.h"
 #include "shardopt/shardopt.hpp"
 
 // The handle types the C header declares opaquely. `magic` says which kind a live handle is;
@@ -326,6 +327,29 @@ struct step_report {  // through sync_seconds
   double sync_seconds;
 };
 }  // namespace v2
+namespace v1 {
+struct remote_options {  // through cpu_threads
+  size_t struct_size;
+  int32_t trainer;
+  int32_t deterministic;
+  double timeout_seconds;
+  double context_expiry_seconds;
+  int32_t max_open_contexts;
+  int32_t cpu_threads;
+};
+struct remote_stats {  // through accumulator_bytes
+  size_t struct_size;
+  int64_t pushes_received, bytes_received, contexts_applied, contexts_failed, contexts_expired, trainers_gone,
+      open_contexts, accumulator_bytes;
+};
+}  // namespace v1
+namespace v2 {
+struct remote_stats {  // through pooled_bytes
+  size_t struct_size;
+  int64_t pushes_received, bytes_received, contexts_applied, contexts_failed, contexts_expired, trainers_gone,
+      open_contexts, accumulator_bytes, pooled_bytes;
+};
+}  // namespace v2
 
 // Each earlier version is a prefix of today's struct: same fields at the same offsets.
 #define SHARDOPT_CAPI_SAME_FIELD(v1_type, type, field) \
@@ -362,6 +386,9 @@ SHARDOPT_CAPI_SAME_FIELD(v1::param_group_desc, shardopt_param_group_desc, hyperp
 SHARDOPT_CAPI_SAME_FIELD(v1::comm_options, shardopt_comm_options, timeout_seconds);
 SHARDOPT_CAPI_SAME_FIELD(v1::step_report, shardopt_step_report, skipped_steps);
 SHARDOPT_CAPI_SAME_FIELD(v2::step_report, shardopt_step_report, sync_seconds);
+SHARDOPT_CAPI_SAME_FIELD(v1::remote_options, shardopt_remote_options, cpu_threads);
+SHARDOPT_CAPI_SAME_FIELD(v1::remote_stats, shardopt_remote_stats, accumulator_bytes);
+SHARDOPT_CAPI_SAME_FIELD(v2::remote_stats, shardopt_remote_stats, pooled_bytes);
 #undef SHARDOPT_CAPI_SAME_FIELD
 
 static_assert(sizeof(v1::optimizer_config) < sizeof(v2::optimizer_config) &&
@@ -413,6 +440,15 @@ template <>
 struct KnownSizes<shardopt_memory_report> {
   static constexpr std::array<std::size_t, 3> values = {sizeof(v1::memory_report), sizeof(v2::memory_report),
                                                         sizeof(shardopt_memory_report)};
+};
+template <>
+struct KnownSizes<shardopt_remote_options> {
+  static constexpr std::array<std::size_t, 2> values = {sizeof(v1::remote_options), sizeof(shardopt_remote_options)};
+};
+template <>
+struct KnownSizes<shardopt_remote_stats> {
+  static constexpr std::array<std::size_t, 3> values = {sizeof(v1::remote_stats), sizeof(v2::remote_stats),
+                                                        sizeof(shardopt_remote_stats)};
 };
 
 // Whether the caller's struct (of an accepted size) has the fields appended after `Earlier`.

@@ -40,11 +40,7 @@ RemoteParam param_from(const shardopt_remote_param* p) {
 }
 
 RemoteOptions options_from(const shardopt_remote_options* o) {
-  check_not_null(o, "options");
-  if (o->struct_size != sizeof(shardopt_remote_options)) {
-    fail(SHARDOPT_ERR_STRUCT_SIZE, "options.struct_size is {}, expected {}", o->struct_size,
-         sizeof(shardopt_remote_options));
-  }
+  check_struct(o, "options", "shardopt_remote_options");
   RemoteOptions options;
   options.trainer = o->trainer != 0;
   options.order = o->deterministic != 0 ? RemoteOrder::deterministic : RemoteOrder::arrival;
@@ -52,6 +48,8 @@ RemoteOptions options_from(const shardopt_remote_options* o) {
   options.context_expiry_seconds = o->context_expiry_seconds;
   options.max_open_contexts = o->max_open_contexts;
   options.cpu_threads = o->cpu_threads;
+  // A negative cap is refused by the constructor's validation, on every rank.
+  if (newer_than<v1::remote_options>(o)) options.push_log_bytes = o->push_log_bytes;
   return options;
 }
 
@@ -233,12 +231,7 @@ shardopt_status shardopt_remote_get_stats(shardopt_remote_t remote, shardopt_rem
   return guard("shardopt_remote_get_stats", [&] {
     shardopt_remote_s& r = checked_remote(remote, "remote");
     check_not_null(out, "out");
-    // The struct through accumulator_bytes (before pooled_bytes was appended) is still accepted.
-    constexpr std::size_t kFirstSize = offsetof(shardopt_remote_stats, pooled_bytes);
-    if (out->struct_size != sizeof(shardopt_remote_stats) && out->struct_size != kFirstSize) {
-      fail(SHARDOPT_ERR_STRUCT_SIZE, "out.struct_size is {}, expected {} or {} (shardopt_remote_stats)", out->struct_size,
-           sizeof(shardopt_remote_stats), kFirstSize);
-    }
+    check_struct(out, "out", "shardopt_remote_stats");  // earlier sizes get their prefix only
     const shardopt::RemoteStats s = r.remote->stats();
     out->pushes_received = s.pushes_received;
     out->bytes_received = s.bytes_received;
@@ -248,7 +241,8 @@ shardopt_status shardopt_remote_get_stats(shardopt_remote_t remote, shardopt_rem
     out->trainers_gone = s.trainers_gone;
     out->open_contexts = s.open_contexts;
     out->accumulator_bytes = s.accumulator_bytes;
-    if (out->struct_size == sizeof(shardopt_remote_stats)) out->pooled_bytes = s.pooled_bytes;
+    if (newer_than<v1::remote_stats>(out)) out->pooled_bytes = s.pooled_bytes;
+    if (newer_than<v2::remote_stats>(out)) out->logged_bytes = s.logged_bytes;
   });
 }
 

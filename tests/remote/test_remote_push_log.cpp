@@ -3,7 +3,7 @@
 #include <random>
 #include <thread>
 
-#include "remote_model.hpp"
+#include "remote_table_reference.hpp"
 
 using namespace shardopt;
 using namespace shardopt_test;
@@ -27,6 +27,12 @@ std::vector<float> values_of(int t, int k, int i) {
 }
 
 std::vector<float> dense_of(int t, int k) { return seeded_values(static_cast<uint32_t>(700 + 10 * t + k), kRows * kRowSize); }
+
+std::vector<RowPush> table_pushes_of(int t, int k) {
+  std::vector<RowPush> pushes;
+  for (int i = 0; i < kPushes; ++i) pushes.push_back({rows_of(t, k, i), values_of(t, k, i)});
+  return pushes;
+}
 
 // Every rank trains: per step, kPushes row pushes and then one dense push of the whole table
 // (144 kB, itself past a small cap) into one context. Returns the table after every step.
@@ -82,37 +88,9 @@ TEST_CASE("remote push log: a context pushed past the log cap is bitwise one log
   const std::vector<float> logged_whole = train(initial, int64_t{1} << 30);  // summed when idle or at the step
   const std::vector<float> on_arrival = train(initial, 0);         // every push summed as it arrives
 
-  // The reference: the whole table on one rank, trainer by trainer within each step number (the
-  // deterministic order), each over the f32 sum of that context's pushes in push order.
-  const std::shared_ptr<Communicator> alone = comm->split(rank, 0);
-  std::vector<float> reference_values = initial;
-  ParamGroupSpec group;
-  group.hyper.lr = kLr;
-  group.params.push_back(ParamSpec{"table", TensorRef{reference_values.data(), kRows * kRowSize}, TensorRef{}});
-  OptimizerConfig config;
-  config.algorithm = Algorithm::sgd;
-  ZeroOptimizer reference(alone, {group}, config);
-  for (int k = 0; k < kSteps; ++k) {
-    for (int t = 0; t < size; ++t) {
-      std::vector<float> sum(static_cast<std::size_t>(kRows * kRowSize), 0.f);
-      for (int i = 0; i < kPushes; ++i) {
-        const std::vector<int64_t> rows = rows_of(t, k, i);
-        const std::vector<float> values = values_of(t, k, i);
-        for (std::size_t j = 0; j < rows.size(); ++j) {
-          for (int64_t e = 0; e < kRowSize; ++e) {
-            sum[static_cast<std::size_t>(rows[j] * kRowSize + e)] += values[j * kRowSize + static_cast<std::size_t>(e)];
-          }
-        }
-      }
-      const std::vector<float> dense = dense_of(t, k);
-      for (std::size_t e = 0; e < sum.size(); ++e) sum[e] += dense[e];
-      std::memcpy(reference.grad_view(0).data, sum.data(), sum.size() * sizeof(float));
-      reference.reduce_gradients();
-      reference.step();
-    }
-  }
-  const TensorRef view = reference.param_view(0);
-  const std::vector<float> expected(view.as<float>(), view.as<float>() + view.numel);
+  // The reference: the whole table on one rank over each context's row pushes and dense push.
+  const std::vector<float> expected =
+      sgd_table_reference(comm->split(rank, 0), initial, kRowSize, kLr, kSteps, size, TablePushes{table_pushes_of, dense_of});
   CHECK(bitwise_equal(past_cap, logged_whole));
   CHECK(bitwise_equal(past_cap, on_arrival));
   CHECK(bitwise_equal(past_cap, expected));

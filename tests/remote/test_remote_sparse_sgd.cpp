@@ -1,7 +1,7 @@
 // tests/remote/test_remote_sparse_sgd.cpp — plain SGD (no momentum, no weight decay) over sparse rows, the owners' row-only update: bitwise a local ZeroOptimizer stepping the whole table on the same sums, over more rows than one update block, with repeated rows, empty pushes, rows split over owners and sums' buffers reused across contexts.
 #include <random>
 
-#include "remote_model.hpp"
+#include "remote_table_reference.hpp"
 
 using namespace shardopt;
 using namespace shardopt_test;
@@ -24,6 +24,12 @@ std::vector<int64_t> rows_of(int t, int k, int i) {
 
 std::vector<float> values_of(int t, int k, int i) {
   return seeded_values(static_cast<uint32_t>(5000 + 100 * t + 10 * k + i), 3000 * kRowSize);
+}
+
+std::vector<RowPush> table_pushes_of(int t, int k) {
+  std::vector<RowPush> pushes;
+  for (int i = 0; i < kPushes; ++i) pushes.push_back({rows_of(t, k, i), values_of(t, k, i)});
+  return pushes;
 }
 
 }  // namespace
@@ -63,35 +69,9 @@ TEST_CASE("remote plain SGD over sparse rows: bitwise a local ZeroOptimizer on t
   }
   comm->barrier();  // every trainer's steps applied
 
-  // The reference: the whole table stepped on one rank, trainer by trainer within each step
-  // number (the deterministic order), each over the f32 sum of that context's pushes.
-  const std::shared_ptr<Communicator> alone = comm->split(rank, 0);
-  std::vector<float> reference_values = initial;
-  ParamGroupSpec group;
-  group.hyper.lr = kLr;
-  group.params.push_back(ParamSpec{"table", TensorRef{reference_values.data(), kRows * kRowSize}, TensorRef{}});
-  OptimizerConfig config;
-  config.algorithm = Algorithm::sgd;
-  ZeroOptimizer reference(alone, {group}, config);
-  for (int k = 0; k < kSteps; ++k) {
-    for (int t = 0; t < size; ++t) {
-      std::vector<float> sum(static_cast<std::size_t>(kRows * kRowSize), 0.f);
-      for (int i = 0; i < kPushes; ++i) {
-        const std::vector<int64_t> rows = rows_of(t, k, i);
-        const std::vector<float> values = values_of(t, k, i);
-        for (std::size_t j = 0; j < rows.size(); ++j) {
-          for (int64_t e = 0; e < kRowSize; ++e) {
-            sum[static_cast<std::size_t>(rows[j] * kRowSize + e)] += values[j * kRowSize + static_cast<std::size_t>(e)];
-          }
-        }
-      }
-      std::memcpy(reference.grad_view(0).data, sum.data(), sum.size() * sizeof(float));
-      reference.reduce_gradients();
-      reference.step();
-    }
-  }
-  const TensorRef expected_view = reference.param_view(0);
-  const std::vector<float> expected(expected_view.as<float>(), expected_view.as<float>() + expected_view.numel);
+  // The reference: the whole table stepped on one rank over each context's summed row pushes.
+  const std::vector<float> expected =
+      sgd_table_reference(comm->split(rank, 0), initial, kRowSize, kLr, kSteps, size, TablePushes{table_pushes_of, nullptr});
 
   std::vector<float> pulled(static_cast<std::size_t>(kRows * kRowSize));
   remote.pull(table, pulled.data(), kRows * kRowSize);
