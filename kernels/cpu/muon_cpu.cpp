@@ -134,7 +134,6 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
   const int64_t m = tall ? cols : rows;
   const int64_t n = tall ? rows : cols;
   ws.x.resize(static_cast<std::size_t>(m * n));
-  ws.next.resize(static_cast<std::size_t>(m * n));
   ws.gram.resize(static_cast<std::size_t>(m * m));
   ws.poly.resize(static_cast<std::size_t>(m * m));
   float* x = ws.x.data();
@@ -160,28 +159,33 @@ void newton_schulz_cpu(const float* g, float* out, int64_t rows, int64_t cols, c
   keep_bf16(x, m * n, precision);
   float* gram = ws.gram.data();
   float* poly = ws.poly.data();
-  float* next = ws.next.data();
   const bool amx = precision == MuonPrecision::bf16 && bf16_products_on_amx();
-  for (int step = 0; step < s.ns_steps && amx; ++step) {
-    // On AMX tiles each epilogue runs on a block as it leaves the tiles, straight into its
-    // destination: the same fp32 operations and rounding as the separate passes below.
-    const AmxEpilogue round_only{};
-    amx_bf16_gemm(x, x, true, m, m, n, true, gram, ws.amx, &round_only);             // A = X X^T
-    const AmxEpilogue polynomial{gram, s.ns[1], s.ns[2]};
-    amx_bf16_gemm(gram, gram, true, m, m, m, true, poly, ws.amx, &polynomial);      // B = b A + c A A
-    const AmxEpilogue next_x{x, s.ns[0], 1.f};
-    amx_bf16_gemm(poly, x, false, m, n, m, false, x, ws.amx, &next_x);              // X = a X + B X
-  }
-  for (int step = 0; step < s.ns_steps && !amx; ++step) {
-    // A = X X^T
-    gram_matrix(x, m, n, poly);
-    epilogue(nullptr, 0.f, poly, 1.f, m * m, gram, precision);
-    // B = b A + c A A
-    gram_matrix(gram, m, m, next);
-    epilogue(gram, s.ns[1], next, s.ns[2], m * m, poly, precision);
-    // X = a X + B X
-    matmul(poly, x, m, n, m, next);
-    epilogue(x, s.ns[0], next, 1.f, m * n, x, precision);
+  if (amx) {
+    for (int step = 0; step < s.ns_steps; ++step) {
+      // On AMX tiles each epilogue runs on a block as it leaves the tiles, straight into its
+      // destination: the same fp32 operations and rounding as the separate passes below.
+      const AmxEpilogue round_only{};
+      amx_bf16_gemm(x, x, true, m, m, n, true, gram, ws.amx, &round_only);             // A = X X^T
+      const AmxEpilogue polynomial{gram, s.ns[1], s.ns[2]};
+      amx_bf16_gemm(gram, gram, true, m, m, m, true, poly, ws.amx, &polynomial);      // B = b A + c A A
+      const AmxEpilogue next_x{x, s.ns[0], 1.f};
+      amx_bf16_gemm(poly, x, false, m, n, m, false, x, ws.amx, &next_x);              // X = a X + B X
+    }
+  } else {
+    // The unfused path needs the product apart from its destination.
+    ws.next.resize(static_cast<std::size_t>(m * n));
+    float* next = ws.next.data();
+    for (int step = 0; step < s.ns_steps; ++step) {
+      // A = X X^T
+      gram_matrix(x, m, n, poly);
+      epilogue(nullptr, 0.f, poly, 1.f, m * m, gram, precision);
+      // B = b A + c A A
+      gram_matrix(gram, m, m, next);
+      epilogue(gram, s.ns[1], next, s.ns[2], m * m, poly, precision);
+      // X = a X + B X
+      matmul(poly, x, m, n, m, next);
+      epilogue(x, s.ns[0], next, 1.f, m * n, x, precision);
+    }
   }
   if (tall) {
     for (int64_t r = 0; r < rows; ++r) {
