@@ -119,7 +119,7 @@ Manifest manifest_from_json(const nlohmann::json& json, const std::string& path,
   const JsonObject j(json, path, "");
   if (version >= 2) {
     j.only({"format", "format_version", "generation", "save_id", "world_size", "partition", "alignment", "algorithm",
-            "state_kinds", "loss_scaling", "groups", "params", "files", "manifest_crc32c"});
+            "state_kinds", "loss_scaling", "moment_placement", "groups", "params", "files", "manifest_crc32c"});
   }
   Manifest m;
   m.format_version = version;
@@ -141,6 +141,12 @@ Manifest manifest_from_json(const nlohmann::json& json, const std::string& path,
     m.has_loss_scale = true;
     m.loss_scale = scaling.number("scale");
     m.growth_tracker = scaling.integer("growth_tracker", 0, INT64_MAX);
+  }
+  if (j.has("moment_placement")) {
+    const std::string placement = j.string("moment_placement");
+    SHARDOPT_CHECK(placement == "by_algorithm", corrupt, "'{}': moment_placement is '{}'; a manifest names only \"by_algorithm\" there",
+                   path, placement);
+    m.moments_by_algorithm = true;
   }
   const nlohmann::json& groups = array_at(j, "groups");
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -284,6 +290,7 @@ std::string manifest_to_json(const Manifest& m) {
   j["algorithm"] = algorithm_name(m.algorithm);
   j["state_kinds"] = m.state_kinds;
   if (m.has_loss_scale) j["loss_scaling"] = ojson{{"scale", m.loss_scale}, {"growth_tracker", m.growth_tracker}};
+  if (m.moments_by_algorithm) j["moment_placement"] = "by_algorithm";
   j["groups"] = ojson::array();
   for (std::size_t g = 0; g < m.groups.size(); ++g) {
     j["groups"].push_back(group_to_json(m.groups[g], group_algorithm(m, g), m.algorithm));

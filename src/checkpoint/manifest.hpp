@@ -28,8 +28,10 @@ constexpr int kFormatVersion = 2;
 // Shard format 2: a file holding 8-bit moments (ManifestParam::q8) keeps them as U8 codes and
 // F32 absmax tensors, and its f32 moment kinds over its other params only (store.hpp).
 // Files without 8-bit moments stay format 1, byte for byte.
+// Shard format 3: the moment kinds placed by algorithm (Manifest::moments_by_algorithm, store.hpp).
 constexpr int kShardFormatVersion = 1;
 constexpr int kShardFormatVersionQ8 = 2;
+constexpr int kShardFormatVersionByAlgorithm = 3;
 constexpr const char* kManifestName = "manifest.json";
 // Far above any real job; bounds the number of shard files a manifest may list. The most ranks
 // and the largest alignment a layout takes (partition.hpp), so that whatever is saved loads.
@@ -74,6 +76,10 @@ struct Manifest {
   // Each group's algorithm (a group's "algorithm" key, written where it differs from the
   // optimizer's `algorithm`; Muon's own hyperparameters are written for Muon groups only).
   std::vector<Algorithm> group_algorithms;
+  // The shard files keep each moment kind only over the params whose algorithm keeps it (shard
+  // format 3): "moment_placement": "by_algorithm", written when set. Unset: every moment kind
+  // over every param (formats 1 and 2), as saves made before it existed.
+  bool moments_by_algorithm = false;
   std::vector<ManifestParam> params;
   std::vector<ManifestFile> files;
   // Loss scaling's state (GradScaler's scale and growth count) when the optimizer had it on.

@@ -139,6 +139,8 @@ void reshard_checkpoint(const std::string& dir, const std::string& out_dir, cons
   checkpoint::make_directories(out_dir);
   checkpoint::Manifest next = old;
   next.format_version = checkpoint::kFormatVersion;
+  // Resharding also upgrades a save made before moments were placed by algorithm.
+  next.moments_by_algorithm = checkpoint::moment_kinds_differ(next);
   std::tie(next.generation, next.save_id) = checkpoint::next_save_identity(out_dir);
   next.world_size = options.world_size;
   next.partition = strategy;
@@ -149,24 +151,32 @@ void reshard_checkpoint(const std::string& dir, const std::string& out_dir, cons
   for (int f = 0; f < options.world_size; ++f) {
     if (progress) progress("reshard", f, options.world_size);
     const partition::RankShard& shard = layout.shards[static_cast<std::size_t>(f)];
-    std::vector<partition::Segment> segments = shard.segments;
-    std::sort(segments.begin(), segments.end(),
-              [](const partition::Segment& a, const partition::Segment& b) { return a.shard_offset < b.shard_offset; });
+    // The new files place moments as a save by an optimizer of these groups would.
+    const optim::MomentLayout places = checkpoint::file_layout(next, shard);
+    const checkpoint::FileMoments moments = checkpoint::file_moments(next, shard);
     checkpoint::ShardFileWriter writer(
         checkpoint::join_path(out_dir, checkpoint::shard_file_name(next.save_id, f, options.world_size)),
-        checkpoint::shard_tensors(shard.numel, old.state_kinds, frozen_numel, f),
-        checkpoint::shard_metadata(next.save_id, f, options.world_size));
+        checkpoint::shard_tensors(shard.numel, old.state_kinds, frozen_numel, f, moments),
+        checkpoint::shard_metadata(next.save_id, f, options.world_size, moments.format));
     std::vector<std::string> tensors = {checkpoint::kParamsTensor};
     tensors.insert(tensors.end(), old.state_kinds.begin(), old.state_kinds.end());
     for (const std::string& tensor : tensors) {
-      int64_t written = 0;
-      for (const partition::Segment& s : segments) {
-        if (s.length == 0) continue;
-        writer.write_zeros(s.shard_offset - written);
-        copy_range(reader, tensor, s.param, s.param_offset, s.length, writer, buffer);
-        written = s.shard_offset + s.length;
+      std::size_t kind = optim::kMaster;  // "params": by shard offset, as the master
+      for (std::size_t k = 0; k < optim::kStateKinds; ++k) kind = tensor == optim::kStateNames[k] ? k : kind;
+      // Each segment the kind keeps, in the order of its place in the tensor.
+      std::vector<std::pair<int64_t, const partition::Segment*>> pieces;
+      for (std::size_t i = 0; i < shard.segments.size(); ++i) {
+        const int64_t at = places.places[i].offset[kind];
+        if (shard.segments[i].length > 0 && at >= 0) pieces.emplace_back(at, &shard.segments[i]);
       }
-      writer.write_zeros(shard.numel - written);
+      std::sort(pieces.begin(), pieces.end());
+      int64_t written = 0;
+      for (const auto& [at, s] : pieces) {
+        writer.write_zeros(at - written);
+        copy_range(reader, tensor, s->param, s->param_offset, s->length, writer, buffer);
+        written = at + s->length;
+      }
+      writer.write_zeros(moments.numel[kind] - written);
     }
     if (f == 0) {
       for (std::size_t i = 0; i < old.params.size(); ++i) {

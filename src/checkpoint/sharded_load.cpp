@@ -7,6 +7,7 @@
 // buffers; the ranks agree; only then is the optimizer changed (the caller then synchronises
 // the parameters as after a step).
 #include <algorithm>
+#include <array>
 
 #include "checkpoint/collective.hpp"
 #include "checkpoint/optimizer_parts.hpp"
@@ -39,19 +40,17 @@ struct Placed {
   int64_t at;  // offset in the buffer
 };
 
-// The shard's segments at their shard offsets ("params", "master"), or for a moment kind at
-// their packed offsets, without the 8-bit segments (their moments are codes).
-std::vector<Placed> placements(const partition::RankShard& shard, const optim::MomentLayout& moments, bool moment_kind) {
+// Where state kind `kind` of the shard keeps each segment, as place_moments() put it; kMaster
+// (also "params"): every segment at its shard offset.
+std::vector<Placed> placements(const partition::RankShard& shard, const optim::MomentLayout& moments, std::size_t kind) {
   std::vector<Placed> out;
   for (std::size_t i = 0; i < shard.segments.size(); ++i) {
     const partition::Segment& s = shard.segments[i];
-    if (s.length == 0 || (moment_kind && moments.places[i].q8)) continue;
-    out.push_back(Placed{s.param, s.param_offset, s.length, moment_kind ? moments.places[i].moment_offset : s.shard_offset});
+    const int64_t at = moments.places[i].offset[kind];
+    if (s.length > 0 && at >= 0) out.push_back(Placed{s.param, s.param_offset, s.length, at});
   }
   return out;
 }
-
-bool is_moment_kind(std::size_t k) { return k != optim::kMaster; }
 
 // Elements [first, first + count) of a buffer placed as `placed` from `tensor` into `out`
 // (host): the pieces' values, zeros between them. Queued; the caller flushes.
@@ -75,19 +74,19 @@ void read_staged(CopyEngine& engine, CheckpointReader& reader, const partition::
   std::vector<std::string> tensors;  // per region; "" for a frozen parameter's
   std::vector<int32_t> frozen_param;
   std::vector<const std::vector<Placed>*> region_places;
-  const std::vector<Placed> by_shard = placements(shard, prep.moments, false);
-  const std::vector<Placed> by_moment = placements(shard, prep.moments, true);
+  std::array<std::vector<Placed>, optim::kStateKinds> by_kind;
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) by_kind[k] = placements(shard, prep.moments, k);
   auto add = [&](core::FlatBuffer& buffer, const std::string& tensor, int32_t param, const std::vector<Placed>* placed) {
     regions.push_back(StagedRegion{buffer.data(), DType::f32, buffer.numel()});
     tensors.push_back(tensor);
     frozen_param.push_back(param);
     region_places.push_back(placed);
   };
-  add(prep.params, kParamsTensor, -1, &by_shard);
+  add(prep.params, kParamsTensor, -1, &by_kind[optim::kMaster]);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     // A kind the files lack stays as allocated: zeros.
     if (prep.kinds[k] && reader.has_tensor(optim::kStateNames[k])) {
-      add(prep.state[k], optim::kStateNames[k], -1, is_moment_kind(k) ? &by_moment : &by_shard);
+      add(prep.state[k], optim::kStateNames[k], -1, &by_kind[k]);
     }
   }
   for (std::size_t i = 0; i < prep.frozen.size(); ++i) {
@@ -165,7 +164,7 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   prep.moments = parts.shard.place_moments(shard);
   prep.params = dev.new_buffer(shard.numel);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    if (prep.kinds[k]) prep.state[k] = dev.new_buffer(is_moment_kind(k) ? prep.moments.moment_numel : shard.numel);
+    if (prep.kinds[k]) prep.state[k] = dev.new_buffer(prep.moments.numel[k]);
   }
   // 8-bit moments: read straight into host buffers (each parameter's codes and blocks whole).
   for (std::size_t mo = 0; mo < 2; ++mo) {
@@ -192,10 +191,10 @@ PreparedLoad prepare_load(const OptimizerParts& parts, const std::string& dir) {
   auto read_shard = [&](const std::string& tensor, const std::vector<Placed>& placed, float* out) {
     for (const Placed& s : placed) reader.read_param_range(tensor, s.param, s.param_offset, s.length, out + s.at);
   };
-  read_shard(kParamsTensor, placements(shard, prep.moments, false), prep.params.data());
+  read_shard(kParamsTensor, placements(shard, prep.moments, optim::kMaster), prep.params.data());
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     if (prep.kinds[k] && reader.has_tensor(optim::kStateNames[k])) {
-      read_shard(optim::kStateNames[k], placements(shard, prep.moments, is_moment_kind(k)), prep.state[k].data());
+      read_shard(optim::kStateNames[k], placements(shard, prep.moments, k), prep.state[k].data());
     }
   }
   for (std::size_t i = 0; i < m.params.size(); ++i) {

@@ -65,8 +65,8 @@ std::vector<ShardSource> shard_sources(const OptimizerParts& parts, int index, c
   zeros(shard.numel - written);
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
     if (!kind_mask[k]) continue;
-    // The moment kinds as the optimizer keeps them (packed beside 8-bit moments: FileMoments).
-    const int64_t numel = k == optim::kMaster ? shard.numel : state.moment_numel();
+    // Each kind as the optimizer keeps it (FileMoments: the file's placement is the same).
+    const int64_t numel = state.state_numel(k);
     // A kind that hyperparameters made necessary after the last step is not allocated yet:
     // it would start as zeros, so zeros are what it holds.
     if (state.state()[k].numel() == numel && numel > 0) {
@@ -121,6 +121,8 @@ Manifest build_manifest(const OptimizerParts& parts, uint64_t generation, const 
     m.params.push_back({p.name, p.numel, p.dtype, p.group, p.trainable, p.step, p.has_momentum_buffer, p.shape,
                         p.trainable && parts.table.q8_moments(p)});
   }
+  // ShardState places moments by algorithm; the files say so where that differs from formats 1/2.
+  m.moments_by_algorithm = moment_kinds_differ(m);
   for (int f = 0; f < count; ++f) {
     const partition::RankShard& shard = state.layout().shards[static_cast<std::size_t>(f)];
     ManifestFile file;
@@ -235,6 +237,11 @@ SaveTicket start_save(const OptimizerParts& parts, const std::string& dir) {
   SHARDOPT_CHECK(t.moments.code_numel == state.q8_codes(0).numel(), internal,
                  "save: the file keeps {} 8-bit codes per moment, the shard {}", t.moments.code_numel,
                  state.q8_codes(0).numel());
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
+    SHARDOPT_CHECK(!kind_mask[k] || t.moments.numel[k] == state.state_numel(k), internal,
+                   "save: the file keeps {} elements of '{}', the shard {}", t.moments.numel[k], optim::kStateNames[k],
+                   state.state_numel(k));
+  }
   return t;
 }
 
@@ -255,7 +262,7 @@ Outcome write_own_shard_file(const SaveTicket& t, const std::function<void(Write
   try {
     ShardFileWriter writer(t.own_path,
                            shard_tensors(t.shard_numel, t.kinds, t.frozen_numel, t.file_index, t.moments),
-                           shard_metadata(t.save_id, t.file_index, t.count, t.moments.packed));
+                           shard_metadata(t.save_id, t.file_index, t.count, t.moments.format));
     std::vector<float> wide;
     int64_t bytes = 0;
     bool half_reported = false;

@@ -58,8 +58,8 @@ struct Placed {
   int64_t at;
 };
 
-// Where each element of `region` over `shard` (its moments placed as `moments`) belongs: the
-// master by shard offset, the moment kinds packed over the fp32-moment segments, the 8-bit
+// Where each element of `region` over `shard` (its moments placed as `moments`) belongs: each
+// kind where place_moments() puts it (the master by shard offset), the 8-bit
 // moments' blocks and codes packed over the 8-bit segments (which hold whole params).
 std::vector<Placed> placements(const partition::RankShard& shard, const optim::MomentLayout& moments,
                                StateRegion region) {
@@ -69,11 +69,7 @@ std::vector<Placed> placements(const partition::RankShard& shard, const optim::M
     const optim::MomentPlace& place = moments.places[i];
     if (s.length == 0) continue;
     if (region.part == Part::kind) {
-      if (region.index == optim::kMaster) {
-        out.push_back(Placed{s.param, s.param_offset, s.length, s.shard_offset});
-      } else if (!place.q8) {
-        out.push_back(Placed{s.param, s.param_offset, s.length, place.moment_offset});
-      }
+      if (place.offset[region.index] >= 0) out.push_back(Placed{s.param, s.param_offset, s.length, place.offset[region.index]});
     } else if (place.q8) {
       const bool codes = region.part == Part::codes;
       out.push_back(Placed{s.param, 0, codes ? s.length : kernels::q8_blocks(s.length),
@@ -83,10 +79,10 @@ std::vector<Placed> placements(const partition::RankShard& shard, const optim::M
   return out;
 }
 
-int64_t region_count(const partition::RankShard& shard, const optim::MomentLayout& moments, StateRegion region) {
+int64_t region_count(const optim::MomentLayout& moments, StateRegion region) {
   if (region.part == Part::codes) return moments.code_numel;
   if (region.part == Part::absmax) return moments.blocks;
-  return region.index == optim::kMaster ? shard.numel : moments.moment_numel;
+  return moments.numel[region.index];
 }
 
 // The regions of a shard's state: each kind, then (where the shard has 8-bit moments) both
@@ -178,10 +174,9 @@ std::optional<StateDict> gather_state_dict(const OptimizerParts& parts, int to) 
   // Rank r's object: each region over its shard (zeros for a kind not allocated yet).
   auto object_of = [&](int r) {
     const auto rank = static_cast<std::size_t>(r);
-    const partition::RankShard& from = shard.layout().shards[rank];
     std::vector<StagedRegion> regions;
     for (const StateRegion& region : regions_of(kind_list, moments[rank])) {
-      const int64_t count = region_count(from, moments[rank], region);
+      const int64_t count = region_count(moments[rank], region);
       const core::FlatBuffer& mine = region.part == Part::kind     ? shard.state()[region.index]
                                      : region.part == Part::absmax ? shard.q8_absmax(region.index)
                                                                    : shard.q8_codes(region.index);
@@ -414,7 +409,7 @@ void install_state_dict(const OptimizerParts& parts, const StateDict& sd) {
   optim::StateBuffers buffers;
   optim::Q8Buffers q8;
   for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    buffers[k] = parts.dev.new_buffer(kinds[k] ? region_count(shard, moments, StateRegion{Part::kind, k}) : 0);
+    buffers[k] = parts.dev.new_buffer(kinds[k] ? region_count(moments, StateRegion{Part::kind, k}) : 0);
   }
   for (std::size_t m = 0; m < 2; ++m) {
     q8.codes[m] = parts.dev.new_buffer(moments.code_numel, DType::byte);

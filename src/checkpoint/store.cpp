@@ -26,11 +26,10 @@ void check_size(const std::string& path, int64_t size, int64_t expected) {
 CheckpointReader::CheckpointReader(std::string dir, Manifest manifest)
     : dir_(std::move(dir)), manifest_(std::move(manifest)) {
   pieces_.resize(manifest_.params.size());
-  const std::vector<bool> q8 = q8_params(manifest_);
   for (std::size_t f = 0; f < manifest_.files.size(); ++f) {
     const ManifestFile& file = manifest_.files[f];
     moments_.push_back(file_moments(manifest_, f));
-    const optim::MomentLayout places = optim::place_moments(partition::RankShard{0, file.shard_numel, file.segments}, q8);
+    const optim::MomentLayout places = file_layout(manifest_, partition::RankShard{0, file.shard_numel, file.segments});
     for (std::size_t k = 0; k < file.segments.size(); ++k) {
       const partition::Segment& s = file.segments[k];
       if (s.length > 0) pieces_[static_cast<std::size_t>(s.param)].push_back(Piece{f, &s, places.places[k]});
@@ -88,7 +87,7 @@ SafetensorsHeader CheckpointReader::parse_header(std::size_t file) {
   SafetensorsHeader header = read_safetensors_header(input(file), f.bytes);
   const int count = static_cast<int>(manifest_.files.size());
   for (const auto& [key, want] :
-       shard_metadata(manifest_.save_id, static_cast<int>(file), count, moments_[file].packed)) {
+       shard_metadata(manifest_.save_id, static_cast<int>(file), count, moments_[file].format)) {
     const auto got = header.metadata.find(key);
     SHARDOPT_CHECK(key != "save_id" || (got != header.metadata.end() && got->second == want), corrupt,
                    "'{}' belongs to another save than the manifest's ('{}')", path, want);
@@ -163,20 +162,26 @@ void CheckpointReader::read_param_range(const std::string& tensor, int32_t param
   SHARDOPT_CHECK(has_tensor(tensor), internal, "checkpoint '{}' holds no '{}'", dir_, tensor);
   const int64_t end = offset + length;
   int64_t covered = offset;
+  // Where the file keeps the tensor's elements (FileMoments); "params" as the master, by shard offset.
+  std::size_t kind = optim::kMaster;
+  for (std::size_t k = 0; k < optim::kStateKinds; ++k) kind = tensor == optim::kStateNames[k] ? k : kind;
   for (const Piece& piece : pieces_[static_cast<std::size_t>(param)]) {
     const partition::Segment& s = *piece.segment;
     const int64_t lo = std::max(offset, s.param_offset);
     const int64_t hi = std::min(end, s.param_offset + s.length);
     if (lo >= hi) continue;
-    // Moment kinds of a file holding 8-bit moments are packed (FileMoments); the rest by shard offset.
-    const bool moment_kind = tensor != kParamsTensor && tensor != optim::kStateNames[optim::kMaster];
-    SHARDOPT_CHECK(!moment_kind || !piece.place.q8, internal, "checkpoint '{}': '{}' of parameter #{} is 8-bit",
+    SHARDOPT_CHECK(kind == optim::kMaster || !piece.place.q8, internal, "checkpoint '{}': '{}' of parameter #{} is 8-bit",
                    dir_, tensor, param);
-    const int64_t base = moment_kind && moments_[piece.file].packed ? piece.place.moment_offset : s.shard_offset;
-    const int64_t element = base + (lo - s.param_offset);
+    covered += hi - lo;
+    if (piece.place.offset[kind] < 0) {
+      // The file keeps no such state for this param (its algorithm has none): zeros, as a
+      // state kind that was never written holds.
+      std::fill(out + (lo - offset), out + (hi - offset), 0.f);
+      continue;
+    }
+    const int64_t element = piece.place.offset[kind] + (lo - s.param_offset);
     enqueue(piece.file, tensor_start(piece.file, tensor) + element * static_cast<int64_t>(sizeof(float)),
             out + (lo - offset), static_cast<std::size_t>(hi - lo) * sizeof(float));
-    covered += hi - lo;
   }
   // The manifest's segments tile every trainable param (checked when it was parsed).
   SHARDOPT_CHECK(covered == end, internal, "checkpoint '{}': parameter #{} elements [{}, {}) not found", dir_, param,
@@ -254,16 +259,48 @@ ManifestFile ShardFileWriter::commit() {
   return f;
 }
 
-FileMoments file_moments(const Manifest& manifest, std::size_t file) {
-  const ManifestFile& f = manifest.files[file];
-  const optim::MomentLayout layout =
-      optim::place_moments(partition::RankShard{0, f.shard_numel, f.segments}, q8_params(manifest));
+FileMoments FileMoments::whole_shard(int64_t shard_numel) {
   FileMoments out;
-  out.packed = layout.code_numel > 0;
-  out.moment_numel = layout.moment_numel;
+  out.numel.fill(shard_numel);
+  return out;
+}
+
+std::vector<optim::StateMask> moment_holders(const Manifest& manifest) {
+  std::vector<optim::StateMask> holds;
+  if (!manifest.moments_by_algorithm) return holds;
+  for (const ManifestParam& p : manifest.params) {
+    holds.push_back(optim::algorithm_kinds(group_algorithm(manifest, static_cast<std::size_t>(p.group))));
+  }
+  return holds;
+}
+
+bool moment_kinds_differ(const Manifest& manifest) {
+  auto kinds_of = [&](const ManifestParam& p) {
+    return optim::algorithm_kinds(group_algorithm(manifest, static_cast<std::size_t>(p.group)));
+  };
+  return std::any_of(manifest.params.begin(), manifest.params.end(),
+                     [&](const ManifestParam& p) { return kinds_of(p) != kinds_of(manifest.params.front()); });
+}
+
+optim::MomentLayout file_layout(const Manifest& manifest, const partition::RankShard& shard) {
+  return optim::place_moments(shard, q8_params(manifest), moment_holders(manifest));
+}
+
+FileMoments file_moments(const Manifest& manifest, const partition::RankShard& shard) {
+  const optim::MomentLayout layout = file_layout(manifest, shard);
+  FileMoments out;
+  out.format = manifest.moments_by_algorithm ? kShardFormatVersionByAlgorithm
+               : layout.code_numel > 0       ? kShardFormatVersionQ8
+                                             : kShardFormatVersion;
+  out.numel = layout.numel;
   out.code_numel = layout.code_numel;
   out.blocks = layout.blocks;
   return out;
+}
+
+FileMoments file_moments(const Manifest& manifest, std::size_t file) {
+  const ManifestFile& f = manifest.files[file];
+  return file_moments(manifest, partition::RankShard{0, f.shard_numel, f.segments});
 }
 
 std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<std::string>& state_kinds,
@@ -271,11 +308,13 @@ std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<st
   std::vector<TensorEntry> tensors;
   tensors.push_back(TensorEntry{kParamsTensor, {shard_numel}, 0, 0});
   for (const std::string& kind : state_kinds) {
-    const bool packed = moments.packed && kind != optim::kStateNames[optim::kMaster];
-    tensors.push_back(TensorEntry{kind, {packed ? moments.moment_numel : shard_numel}, 0, 0});
+    std::size_t k = 0;
+    while (k < optim::kStateKinds && kind != optim::kStateNames[k]) ++k;
+    SHARDOPT_CHECK(k < optim::kStateKinds, internal, "shard_tensors: '{}' is not a state kind", kind);
+    tensors.push_back(TensorEntry{kind, {moments.numel[k]}, 0, 0});
   }
   if (index == 0 && frozen_numel > 0) tensors.push_back(TensorEntry{kFrozenTensor, {frozen_numel}, 0, 0});
-  if (moments.packed) {
+  if (moments.q8()) {
     // Codes last: the F32 tensors before them stay 4-byte aligned in the file.
     for (const char* name : kQ8AbsmaxTensor) tensors.push_back(TensorEntry{name, {moments.blocks}, 0, 0});
     for (const char* name : kQ8CodesTensor) tensors.push_back(TensorEntry{name, {moments.code_numel}, 0, 0, DType::byte});
@@ -283,9 +322,9 @@ std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<st
   return tensors;
 }
 
-std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count, bool holds_q8) {
+std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count, int format) {
   return {{"format", "shardopt-shard"},
-          {"format_version", std::to_string(holds_q8 ? kShardFormatVersionQ8 : kShardFormatVersion)},
+          {"format_version", std::to_string(format)},
           {"save_id", save_id},
           {"file_index", std::to_string(index)},
           {"num_files", std::to_string(count)}};

@@ -4,6 +4,7 @@
 // (offline.cpp), so both read and write exactly the same format.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,17 +25,32 @@ namespace checkpoint {
 inline constexpr const char* kQ8CodesTensor[2] = {"exp_avg.q8_codes", "exp_avg_sq.q8_codes"};
 inline constexpr const char* kQ8AbsmaxTensor[2] = {"exp_avg.q8_absmax", "exp_avg_sq.q8_absmax"};
 
-// How a shard file keeps its moments. A file holding 8-bit moments (`packed`) keeps its f32
-// moment kinds (all but "master") over its other segments only, packed in segment order
-// without padding, and the 8-bit codes and absmax packed alike over the 8-bit segments: the
-// optimizer's own layout (optim::place_moments), so a save writes its buffers as they are.
-// Otherwise every kind spans the shard, as in shard format 1.
+// How a shard file keeps its state: the optimizer's own placement (optim::place_moments), so a
+// save writes its buffers as they are. Shard format 1: every kind spans the shard. Format 2 (a
+// file holding 8-bit moments): the f32 moment kinds (all but "master") over its other segments
+// only, packed in segment order without padding, and the 8-bit codes and absmax packed alike
+// over the 8-bit segments. Format 3 (a manifest with moments_by_algorithm): each moment kind
+// only over the segments of params whose algorithm keeps it (a Muon matrix no exp_avg, an AdamW
+// vector no momentum_buffer), packed, unless every segment keeps it (then it spans the shard).
 struct FileMoments {
-  bool packed = false;
-  int64_t moment_numel = 0;
+  int format = kShardFormatVersion;
+  std::array<int64_t, optim::kStateKinds> numel{};  // elements of each state kind's tensor
   int64_t code_numel = 0;
   int64_t blocks = 0;
+  bool q8() const { return code_numel > 0; }
+  // A file whose every kind spans a shard of `shard_numel` (format 1).
+  static FileMoments whole_shard(int64_t shard_numel);
 };
+// Per param of `manifest`: which kinds its shard files keep room for (optim::algorithm_kinds
+// of its group's algorithm where the manifest places moments by algorithm; empty otherwise:
+// every param every kind).
+std::vector<optim::StateMask> moment_holders(const Manifest& manifest);
+// Whether the manifest's params keep differing moment kinds (Muon or SGD beside Adam/AdamW): a
+// save then places moments by algorithm (Manifest::moments_by_algorithm, shard format 3).
+bool moment_kinds_differ(const Manifest& manifest);
+// Where a shard file of `manifest` over `shard` keeps each segment's state.
+optim::MomentLayout file_layout(const Manifest& manifest, const partition::RankShard& shard);
+FileMoments file_moments(const Manifest& manifest, const partition::RankShard& shard);
 FileMoments file_moments(const Manifest& manifest, std::size_t file);
 
 // One checkpoint directory opened for reading. Reads are queued by read_param_range() and
@@ -122,10 +138,10 @@ class ShardFileWriter {
 // state kinds, (file 0 only, when there are frozen params) "frozen_params", and for a file
 // holding 8-bit moments the two absmax tensors, then the two code tensors.
 std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<std::string>& state_kinds,
-                                       int64_t frozen_numel, int index, const FileMoments& moments = {});
-// Shard format 2 (kShardFormatVersionQ8) for a file holding 8-bit moments, else 1.
+                                       int64_t frozen_numel, int index, const FileMoments& moments);
+// `format`: the file's shard format (FileMoments::format).
 std::map<std::string, std::string> shard_metadata(const std::string& save_id, int index, int count,
-                                                  bool holds_q8 = false);
+                                                  int format = kShardFormatVersion);
 
 // The identity of the next save into `dir`: generation one past the current manifest's
 // (1 when there is none or it is unreadable) and a random token, so a new save never reuses

@@ -30,8 +30,14 @@ MemoryBudget registration_budget(const OptimizerConfig& config, const ParamTable
   std::deque<Algorithm> algorithms = table.algorithms();
   algorithms.insert(algorithms.end(), added.algorithms.begin(), added.algorithms.end());
   const auto kinds = state_kinds_needed(algorithms, dtype, groups);
+  // Each kind over the params whose algorithm keeps it (place_moments; fp32 moments throughout,
+  // the most 8-bit groups could need).
+  std::vector<StateMask> holds;
+  for (const partition::ParamInfo& info : infos) holds.push_back(algorithm_kinds(algorithms[static_cast<std::size_t>(info.group)]));
+  const MomentLayout places =
+      place_moments(layout.shards[static_cast<std::size_t>(rank)], std::vector<bool>(infos.size(), false), holds);
   MemoryBudget budget;
-  for (bool needed : kinds) budget.state += needed ? bytes(shard, DType::f32) : 0;
+  for (std::size_t k = 0; k < kStateKinds; ++k) budget.state += kinds[k] ? bytes(places.numel[k], DType::f32) : 0;
   const bool stage2 = config.stage == 2;
   const bool sharded = config.shard_state && world > 1;
   if (config.storage == Storage::bucket_view) {

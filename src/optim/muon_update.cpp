@@ -44,7 +44,7 @@ void MuonUpdate::update(const UpdateRun& run, const ParamRecord& p, const Hyperp
   rounding.first_index = static_cast<uint64_t>(run.first_index);
   const kernels::MuonPrecision precision =
       config_.muon.precision == MatrixPrecision::f32 ? kernels::MuonPrecision::f32 : kernels::MuonPrecision::bf16;
-  float* momentum = shard_.state_data(kMomentum) + run.moment_offset;  // q8 groups shift the fp32 moments
+  float* momentum = shard_.state_data(kMomentum) + run.state_offset[kMomentum];  // packed over the params that keep it
   if (dev_.on_device()) {
     dev_.ops().muon_update(tensors, momentum, rows, cols, s, transform, rounding, precision, dev_.stream());
     return;

@@ -33,8 +33,12 @@ StateMask ShardState::state_kinds_needed() const {
 
 MomentLayout ShardState::place_moments(const partition::RankShard& shard) const {
   std::vector<bool> q8_param;
-  for (const ParamRecord& p : table_.params()) q8_param.push_back(table_.q8_moments(p));
-  return optim::place_moments(shard, q8_param);
+  std::vector<StateMask> holds;
+  for (const ParamRecord& p : table_.params()) {
+    q8_param.push_back(table_.q8_moments(p));
+    holds.push_back(algorithm_kinds(table_.algorithm(p.group)));
+  }
+  return optim::place_moments(shard, q8_param, holds);
 }
 
 kernels::Q8Moments ShardState::q8_moments(const UpdateRun& run) const {
@@ -67,8 +71,7 @@ void ShardState::ensure_state_kinds() {
   }
   const StateMask needed = state_kinds_needed();
   for (std::size_t k = 0; k < kStateKinds; ++k) {
-    const int64_t numel = k == kMaster ? own_shard().numel : moment_numel_;
-    if (needed[k] && state_[k].numel() != numel) state_[k].resize(numel);
+    if (needed[k] && state_[k].numel() != state_numel_[k]) state_[k].resize(state_numel_[k]);
   }
   state_in_use_ = needed;
 }
@@ -76,42 +79,64 @@ void ShardState::ensure_state_kinds() {
 void ShardState::migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const {
   for (std::size_t k = 0; k < kStateKinds; ++k) {
     // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
-    if (state_in_use_[k]) migrate_buffer(from, to, state_[k], next[k], DType::f32);
+    if (state_in_use_[k]) migrate_buffer(from, to, state_[k], next[k], DType::f32, k);
   }
 }
 
 void ShardState::migrate_buffer(const partition::Layout& from, const partition::Layout& to,
-                                const core::FlatBuffer& old, core::FlatBuffer& next, DType dt) const {
+                                const core::FlatBuffer& old, core::FlatBuffer& next, DType dt, std::size_t kind) const {
   const std::vector<ParamRecord>& params = table_.params();
-  // This rank's new pieces, by param.
-  std::vector<std::vector<const partition::Segment*>> mine(params.size());
-  for (const partition::Segment& s : to.shards[static_cast<std::size_t>(dev_.rank())].segments) {
-    mine[static_cast<std::size_t>(s.param)].push_back(&s);
+  // Where a segment's elements sit in the buffer: a state kind's placement, else the shard offset.
+  auto placed = [&](const partition::RankShard& shard) {
+    return kind < kStateKinds ? place_moments(shard) : MomentLayout{};
+  };
+  auto offset_in = [&](const MomentLayout& at, const partition::RankShard& shard, std::size_t i) {
+    return kind < kStateKinds ? at.places[i].offset[kind] : shard.segments[i].shard_offset;
+  };
+  auto numel_in = [&](const MomentLayout& at, const partition::RankShard& shard) {
+    return kind < kStateKinds ? at.numel[kind] : shard.numel;
+  };
+  // This rank's new pieces, by param: (segment, offset in `next`).
+  const partition::RankShard& own = to.shards[static_cast<std::size_t>(dev_.rank())];
+  const MomentLayout own_places = placed(own);
+  std::vector<std::vector<std::pair<const partition::Segment*, int64_t>>> mine(params.size());
+  for (std::size_t i = 0; i < own.segments.size(); ++i) {
+    const int64_t at = offset_in(own_places, own, i);
+    if (at >= 0) mine[static_cast<std::size_t>(own.segments[i].param)].emplace_back(&own.segments[i], at);
   }
   const bool replicated = from.strategy == partition::Strategy::replicated;
   const int world = dev_.world();
   const int sources = replicated ? 1 : world;
   // One receive buffer for every broadcast (on a device, each allocation would cost a cudaFree).
   core::FlatBuffer incoming(dev_.device(), dev_.stream(), dt);
+  std::vector<MomentLayout> old_places;
   int64_t largest = 0;
-  for (const partition::RankShard& shard : from.shards) largest = std::max(largest, shard.numel);
+  for (const partition::RankShard& shard : from.shards) {
+    old_places.push_back(placed(shard));
+    largest = std::max(largest, numel_in(old_places.back(), shard));
+  }
   for (int r = 0; r < sources; ++r) {
-    const partition::RankShard& old_shard = from.shards[static_cast<std::size_t>(replicated ? dev_.rank() : r)];
+    const auto source_rank = static_cast<std::size_t>(replicated ? dev_.rank() : r);
+    const partition::RankShard& old_shard = from.shards[source_rank];
+    const int64_t old_numel = numel_in(old_places[source_rank], old_shard);
     const char* source = static_cast<const char*>(old.raw());
     if (!replicated && world > 1) {
       if (incoming.empty()) incoming.resize(largest);
-      if (r == dev_.rank()) dev_.copy_bytes(incoming.raw(), old.raw(), span_bytes(old_shard.numel, dt));
+      if (r == dev_.rank()) dev_.copy_bytes(incoming.raw(), old.raw(), span_bytes(old_numel, dt));
       dev_.settle_before_collective();
-      comm::broadcast_in_chunks(dev_.comm(), incoming.raw(), old_shard.numel, dt, r, bucket_elements(config_, dt));
+      comm::broadcast_in_chunks(dev_.comm(), incoming.raw(), old_numel, dt, r, bucket_elements(config_, dt));
       source = static_cast<const char*>(incoming.raw());
     }
-    for (const partition::Segment& old_seg : old_shard.segments) {
-      for (const partition::Segment* new_seg : mine[static_cast<std::size_t>(old_seg.param)]) {
+    for (std::size_t i = 0; i < old_shard.segments.size(); ++i) {
+      const partition::Segment& old_seg = old_shard.segments[i];
+      const int64_t old_at = offset_in(old_places[source_rank], old_shard, i);
+      if (old_at < 0) continue;
+      for (const auto& [new_seg, new_at] : mine[static_cast<std::size_t>(old_seg.param)]) {
         const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
         const int64_t hi = std::min(old_seg.param_offset + old_seg.length, new_seg->param_offset + new_seg->length);
         if (lo >= hi) continue;
-        dev_.copy_bytes(element(next.raw(), new_seg->shard_offset + (lo - new_seg->param_offset), dt),
-                        element(source, old_seg.shard_offset + (lo - old_seg.param_offset), dt), span_bytes(hi - lo, dt));
+        dev_.copy_bytes(element(next.raw(), new_at + (lo - new_seg->param_offset), dt),
+                        element(source, old_at + (lo - old_seg.param_offset), dt), span_bytes(hi - lo, dt));
       }
     }
   }
@@ -131,10 +156,10 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   StateBuffers next_state;
   const StateMask needed = state_kinds_needed();
   for (std::size_t k = 0; k < kStateKinds; ++k) {
-    next_state[k] = dev_.new_buffer(needed[k] ? (k == kMaster ? next_shard : moments.moment_numel) : 0);
+    next_state[k] = dev_.new_buffer(needed[k] ? moments.numel[k] : 0);
   }
   if (has_layout_) migrate_state(layout_, next, next_state);
-  moment_numel_ = moments.moment_numel;
+  state_numel_ = moments.numel;
   // Fresh 8-bit state is bitsandbytes' zeros: codes 0 and absmax 0.
   for (std::size_t m = 0; m < 2; ++m) {
     q8_codes_[m] = dev_.new_buffer(moments.code_numel, DType::byte);
@@ -345,6 +370,14 @@ void ShardState::refresh_runs() {
   const std::vector<ParamRecord>& params = table_.params();
   const DType dt = dtype();
   const MomentLayout moments = place_moments(own_shard());
+  // A segment continues a run where each kind the run keeps goes on right after it.
+  auto follows = [](const UpdateRun& run, const MomentPlace& place) {
+    for (std::size_t k = 0; k < kStateKinds; ++k) {
+      const bool held = run.state_offset[k] >= 0;
+      if (held != (place.offset[k] >= 0) || (held && run.state_offset[k] + run.length != place.offset[k])) return false;
+    }
+    return true;
+  };
   for (std::size_t si = 0; si < own_shard().segments.size(); ++si) {
     const partition::Segment& s = own_shard().segments[si];
     const MomentPlace& place = moments.places[si];
@@ -362,7 +395,7 @@ void ShardState::refresh_runs() {
       // An 8-bit run is one parameter's segment (its blocks are the parameter's).
       const bool contiguous = last.shard_offset + last.length == s.shard_offset && last.param + run_bytes == param_at &&
                               last.grad + run_bytes == grad_at && last.first_index + last.length == index &&
-                              !last.q8 && !place.q8 && last.moment_offset + last.length == place.moment_offset;
+                              !last.q8 && !place.q8 && follows(last, place);
       // A Muon matrix is its own run: its update needs it whole, and only it.
       const bool matrix = table_.algorithm(p.group) == Algorithm::muon;
       if (contiguous && !matrix && q.group == p.group && q.step == p.step &&
@@ -371,8 +404,8 @@ void ShardState::refresh_runs() {
         continue;
       }
     }
-    runs_.push_back(UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index, place.moment_offset,
-                              place.q8, place.code_offset, place.block_offset});
+    runs_.push_back(UpdateRun{s.param, s.shard_offset, s.length, param_at, grad_at, index, place.offset, place.q8,
+                              place.code_offset, place.block_offset});
   }
 }
 
@@ -425,7 +458,7 @@ void ShardState::install_state(const StateMask& kinds, StateBuffers buffers, con
                                Q8Buffers q8) {
   const int64_t numel = own_shard().numel;
   for (std::size_t k = 0; k < kStateKinds; ++k) {
-    const int64_t expected = k == kMaster ? numel : moment_numel_;
+    const int64_t expected = state_numel_[k];
     SHARDOPT_CHECK(!kinds[k] || buffers[k].numel() == expected, internal,
                    "install_state: '{}' has {} elements, the shard keeps {}", kStateNames[k], buffers[k].numel(),
                    expected);

@@ -36,21 +36,27 @@ struct UpdateRun {
   char* param = nullptr;
   char* grad = nullptr;
   int64_t first_index = 0;  // ParamRecord::first_index of the first element: stochastic rounding's key
-  // Where the run's moments are (ShardState::place_moments): f32 kinds other than the master
-  // at moment_offset; 8-bit moments (q8, one parameter's whole segment) at code_offset, their
-  // absmax at block_offset.
-  int64_t moment_offset = 0;
+  // Where the run's state is (ShardState::place_moments): f32 kind k at state_offset[k] of its
+  // buffer (-1: the run keeps none of kind k; the master at the shard offset); 8-bit moments (q8,
+  // one parameter's whole segment) at code_offset, their absmax at block_offset.
+  std::array<int64_t, kStateKinds> state_offset{};
   bool q8 = false;
   int64_t code_offset = 0;
   int64_t block_offset = 0;
 };
 
-// Where one segment of this rank's shard keeps its moments: f32 moments (exp_avg, exp_avg_sq,
-// max_exp_avg_sq, momentum) only over segments of params without 8-bit moments, packed in
-// segment order, so 8-bit params hold no fp32 moment bytes; codes and absmax packed alike over
-// the 8-bit ones. Without 8-bit params moment_offset is the shard offset.
+using StateMask = std::array<bool, kStateKinds>;
+
+// Where one segment of this rank's shard keeps its state. Each f32 moment kind (exp_avg,
+// exp_avg_sq, max_exp_avg_sq, momentum_buffer) is kept only over the segments of params whose
+// algorithm has it and that keep no 8-bit moments, packed in segment order: a Muon matrix holds
+// momentum_buffer only, an AdamW vector exp_avg and exp_avg_sq only (kind_belongs), so a mixed
+// optimizer keeps 4 and 8 bytes per element, not 12. Codes and absmax are packed alike over the
+// 8-bit segments. A kind that every segment of a shard without 8-bit params holds spans the
+// whole shard instead (offset = shard offset, padding included): the layout of every
+// single-algorithm optimizer, and of shard formats 1 and 2.
 struct MomentPlace {
-  int64_t moment_offset = 0;
+  std::array<int64_t, kStateKinds> offset{};  // in kind k's buffer; -1: none of kind k here. kMaster: the shard offset
   bool q8 = false;
   int64_t code_offset = 0;
   int64_t block_offset = 0;
@@ -58,14 +64,17 @@ struct MomentPlace {
 
 struct MomentLayout {
   std::vector<MomentPlace> places;  // per segment of the shard, in order
-  int64_t moment_numel = 0;
+  std::array<int64_t, kStateKinds> numel{};  // elements of each kind's buffer (kMaster: the shard's)
   int64_t code_numel = 0;
   int64_t blocks = 0;
 };
 
-// The moments' placement over `shard` when q8_param[i] says whether param i keeps 8-bit moments:
-// shard_state's own layout, and the layout of a checkpoint's shard file (shard format 2).
-MomentLayout place_moments(const partition::RankShard& shard, const std::vector<bool>& q8_param);
+// The moments' placement over `shard` when q8_param[i] says whether param i keeps 8-bit
+// moments and holds[i] which f32 kinds param i's algorithm keeps (algorithm_kinds; empty: every
+// param every kind, the placement of shard formats 1 and 2). shard_state's own layout, and the
+// layout of a checkpoint's shard file.
+MomentLayout place_moments(const partition::RankShard& shard, const std::vector<bool>& q8_param,
+                           const std::vector<StateMask>& holds = {});
 
 // 8-bit moments over a shard, exp_avg then exp_avg_sq: codes (bytes) and absmax per block,
 // packed as MomentLayout places them.
@@ -75,7 +84,6 @@ struct Q8Buffers {
 };
 
 using StateBuffers = std::array<core::FlatBuffer, kStateKinds>;
-using StateMask = std::array<bool, kStateKinds>;
 
 // Byte offset of element `index` of a `dtype` buffer.
 inline char* element(void* base, int64_t index, DType dtype) {
@@ -185,7 +193,8 @@ class ShardState {
   int16_t* master_remainders() const { return static_cast<int16_t*>(remainders_.raw()); }
   // The moments' placement over a shard of the current table (see MomentPlace).
   MomentLayout place_moments(const partition::RankShard& shard) const;
-  int64_t moment_numel() const { return moment_numel_; }
+  // Elements of kind k's buffer over this rank's shard (the master: the shard's).
+  int64_t state_numel(std::size_t k) const { return state_numel_[k]; }
   // 8-bit moments of a q8 run (codes and absmax; kernels/q8_state.hpp).
   kernels::Q8Moments q8_moments(const UpdateRun& run) const;
   int64_t q8_bytes() const;
@@ -205,9 +214,8 @@ class ShardState {
   // With node-shared parameters a frozen param's values are written by the node's first rank
   // only (every rank passes the same values; the next sync makes them visible to all).
   void set_param_values_f32(std::size_t i, int64_t offset, int64_t n, const float* values);
-  // Replaces the state over this rank's shard (kinds not in `kinds` are dropped): the master
-  // kind over the shard, the moment kinds as place_moments(own_shard()) places them (over the
-  // whole shard without 8-bit params), and the 8-bit moments (`q8`, empty buffers without
+  // Replaces the state over this rank's shard (kinds not in `kinds` are dropped): each kind as
+  // place_moments(own_shard()) places it (state_numel(k) elements), and the 8-bit moments (`q8`, empty buffers without
   // 8-bit params). For bf16/f16 params, a master absent from `kinds` (or listed in
   // `without_master`) is seeded from the current parameter values, as a fresh optimizer's would be.
   void install_state(const StateMask& kinds, StateBuffers buffers, const std::vector<bool>& without_master,
@@ -225,8 +233,10 @@ class ShardState {
   void split_masters(const std::vector<bool>& params_to_seed);
   // A buffer of this rank's old shard moved into `next` over the new layout (collective when
   // sharded: each old shard is broadcast once).
+  // `kind`: a state kind's buffer, placed as place_moments() places it; kStateKinds: a buffer
+  // over the shard offsets.
   void migrate_buffer(const partition::Layout& from, const partition::Layout& to, const core::FlatBuffer& old,
-                      core::FlatBuffer& next, DType dtype) const;
+                      core::FlatBuffer& next, DType dtype, std::size_t kind = kStateKinds) const;
   // Collective: the bucket-view parameter buffer (or the external storage's sync staging) for
   // `numel` elements, node-shared where it applies (decided alike on every rank), else this
   // rank's own.
@@ -257,7 +267,7 @@ class ShardState {
   StateBuffers state_;          // f32, over this rank's shard
   StateMask state_in_use_{};    // the same on every rank, even where a shard is empty
   core::FlatBuffer remainders_;  // int16 (held as 2-byte bf16 storage) over this rank's shard
-  int64_t moment_numel_ = 0;                     // elements of each f32 moment kind
+  std::array<int64_t, kStateKinds> state_numel_{};  // elements of each f32 kind over the shard
   std::array<core::FlatBuffer, 2> q8_codes_;      // exp_avg, exp_avg_sq: bytes over the 8-bit params
   std::array<core::FlatBuffer, 2> q8_absmax_;     // their absmax per block
   bool remainders_in_use_ = false;     // the same on every rank, even where a shard is empty

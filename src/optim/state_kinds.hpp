@@ -24,6 +24,14 @@ inline bool kind_belongs(Algorithm algorithm, std::size_t k) {
   return algorithm == Algorithm::adam || algorithm == Algorithm::adamw;
 }
 
+// The kinds a parameter of a group of `algorithm` can hold (kind_belongs), as a mask: where its
+// shard keeps room for each (place_moments).
+inline std::array<bool, kStateKinds> algorithm_kinds(Algorithm algorithm) {
+  std::array<bool, kStateKinds> holds{};
+  for (std::size_t k = 0; k < kStateKinds; ++k) holds[k] = kind_belongs(algorithm, k);
+  return holds;
+}
+
 // The state kinds a group of `algorithm` with hyperparameters `h` keeps (the master aside).
 inline std::array<bool, kStateKinds> group_state_kinds(Algorithm algorithm, const Hyperparams& h) {
   std::array<bool, kStateKinds> needed{};

@@ -194,12 +194,12 @@ void Step::update_range(int64_t lo, int64_t hi) {
     run.param += span_bytes(skip, dt);
     run.grad += span_bytes(skip, dt);
     run.first_index += skip;
-    run.moment_offset += skip;
+    for (int64_t& offset : run.state_offset) offset += offset >= 0 ? skip : 0;
     const ParamRecord& p = table_.params()[static_cast<std::size_t>(run.first_param)];
     const Hyperparams& h = hyper(p.group);
     auto at = [&](std::size_t kind) {
-      if (shard_.state()[kind].empty()) return static_cast<float*>(nullptr);
-      return shard_.state_data(kind) + (kind == kMaster ? run.shard_offset : run.moment_offset);
+      if (shard_.state()[kind].empty() || run.state_offset[kind] < 0) return static_cast<float*>(nullptr);
+      return shard_.state_data(kind) + run.state_offset[kind];
     };
     kernels::UpdateTensors tensors;
     tensors.param = run.param;

@@ -121,7 +121,8 @@ void RemoteOptimizer::save(const std::string& dir) {
       for (optim::StateKind kind : kinds) kind_names.push_back(optim::kStateNames[kind]);
       const std::string name = checkpoint::shard_file_name(save_id, index, count);
       checkpoint::ShardFileWriter writer(checkpoint::join_path(where, name),
-                                         checkpoint::shard_tensors(shard_numel, kind_names, 0, index),
+                                         checkpoint::shard_tensors(shard_numel, kind_names, 0, index,
+                                                                   checkpoint::FileMoments::whole_shard(shard_numel)),
                                          checkpoint::shard_metadata(save_id, index, count));
       for (remote::OwnedSlice* s : slices) writer.write(s->values.data(), s->numel());
       for (optim::StateKind kind : kinds) {
