@@ -116,10 +116,6 @@ REFUSED = [
      "communication thread reduces the same buffers (two threads in MPI under MPI_THREAD_SERIALIZED): "
      "PostLocalSGDOptimizer refuses an overlapped optimizer unless warmup_steps is 0", "construction"),
     # Refused by a call, in the order the program makes the calls.
-    ({"state": ["q8", "compact"], "mid_op": ["set_trainable", "add_param_group"]},
-     "whose blocks are laid out once, so it does not support layout changes",
-     "q8 blocks are laid out once per parameter: set_trainable and add_param_group are refused by name on every "
-     "rank when a group keeps 8-bit moments", "call"),
     ({"local_sgd": ["replicas1", "replicas2", "outer"], "join": "on"},
      "Join does not combine with model averaging (rank",
      "Join under post-local SGD: join() is refused where it is called (Error(unsupported) naming the rank that "

@@ -119,11 +119,12 @@ void check_same_state_precision(const optim::ParamTable& table, const Manifest& 
                    source, p.name, saved ? "8-bit codes (state_precision q8)" : "fp32 values", p.group,
                    here ? "8-bit moments (state_precision q8)" : "fp32 moments");
   }
-  // 8-bit moments are laid out once (ShardState::rebuild): the saved trainable flags must be these.
+  // The load places 8-bit moments by this optimizer's flags (which params keep them depends on
+  // which are trainable): the saved trainable flags must be these.
   for (std::size_t i = 0; i < table.size() && table.any_q8(); ++i) {
     SHARDOPT_CHECK(table.params()[i].trainable == m.params[i].trainable, mismatch,
-                   "{} has '{}' {}, but it is {} here, and an optimizer with state_precision = q8 groups cannot "
-                   "change its trainable parameters",
+                   "{} has '{}' {}, but it is {} here, and an optimizer with state_precision = q8 groups loads "
+                   "only a checkpoint of the same trainable parameters (set_trainable to match it first)",
                    source, m.params[i].name, m.params[i].trainable ? "trainable" : "frozen",
                    table.params()[i].trainable ? "trainable" : "frozen");
   }

@@ -295,13 +295,6 @@ Hyperparams& ParamTable::group(int index) {
   return groups_[static_cast<std::size_t>(index)];
 }
 
-void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8) {
-  SHARDOPT_CHECK(!table.any_q8() && !adds_q8, unsupported,
-                 "{}: a param group keeps state_precision = q8 (8-bit blockwise moments), whose blocks are laid out "
-                 "once, so it does not support layout changes (set_trainable, add_param_group) yet",
-                 operation);
-}
-
 void refuse_q8_on_device(const ParamTable& table, const char* operation) {
   SHARDOPT_CHECK(!table.any_q8() || table.device().is_cpu(), unsupported,
                  "{}: a param group keeps state_precision = q8 (8-bit blockwise moments) for parameters on {}; "

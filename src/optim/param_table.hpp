@@ -122,10 +122,6 @@ class ParamTable {
   Device device_ = Device::cpu();
 };
 
-// 8-bit moments are laid out once: `operation` (a layout change) raises Error(unsupported)
-// naming it when any group keeps them (or `adds_q8`, for groups being added).
-void refuse_with_q8(const ParamTable& table, const char* operation, bool adds_q8 = false);
-
 // Checkpoints and state dicts read and write 8-bit moments in host memory: `operation` raises
 // Error(unsupported) naming it when a group keeps them for parameters on a device.
 void refuse_q8_on_device(const ParamTable& table, const char* operation);

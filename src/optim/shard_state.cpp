@@ -87,8 +87,9 @@ void ShardState::migrate_buffer(const partition::Layout& from, const partition::
                                 const core::FlatBuffer& old, core::FlatBuffer& next, DType dt, std::size_t kind) const {
   const std::vector<ParamRecord>& params = table_.params();
   // Where a segment's elements sit in the buffer: a state kind's placement, else the shard offset.
-  auto placed = [&](const partition::RankShard& shard) {
-    return kind < kStateKinds ? place_moments(shard) : MomentLayout{};
+  auto placed = [&](const partition::RankShard& shard, bool old) {
+    if (kind == kStateKinds) return MomentLayout{};
+    return old ? laid_out_moments(shard) : place_moments(shard);
   };
   auto offset_in = [&](const MomentLayout& at, const partition::RankShard& shard, std::size_t i) {
     return kind < kStateKinds ? at.places[i].offset[kind] : shard.segments[i].shard_offset;
@@ -98,7 +99,7 @@ void ShardState::migrate_buffer(const partition::Layout& from, const partition::
   };
   // This rank's new pieces, by param: (segment, offset in `next`).
   const partition::RankShard& own = to.shards[static_cast<std::size_t>(dev_.rank())];
-  const MomentLayout own_places = placed(own);
+  const MomentLayout own_places = placed(own, false);
   std::vector<std::vector<std::pair<const partition::Segment*, int64_t>>> mine(params.size());
   for (std::size_t i = 0; i < own.segments.size(); ++i) {
     const int64_t at = offset_in(own_places, own, i);
@@ -112,7 +113,7 @@ void ShardState::migrate_buffer(const partition::Layout& from, const partition::
   std::vector<MomentLayout> old_places;
   int64_t largest = 0;
   for (const partition::RankShard& shard : from.shards) {
-    old_places.push_back(placed(shard));
+    old_places.push_back(placed(shard, true));
     largest = std::max(largest, numel_in(old_places.back(), shard));
   }
   for (int r = 0; r < sources; ++r) {
@@ -142,6 +143,73 @@ void ShardState::migrate_buffer(const partition::Layout& from, const partition::
   }
 }
 
+MomentLayout ShardState::laid_out_moments(const partition::RankShard& shard) const {
+  std::vector<bool> q8_param = q8_laid_out_;
+  q8_param.resize(table_.size(), false);  // params added since hold no segment of it
+  std::vector<StateMask> holds;
+  for (const ParamRecord& p : table_.params()) holds.push_back(algorithm_kinds(table_.algorithm(p.group)));
+  return optim::place_moments(shard, q8_param, holds);
+}
+
+void ShardState::migrate_q8(const partition::Layout& from, const partition::RankShard& own_shard,
+                            const MomentLayout& own, Q8Buffers& next) const {
+  // Where each 8-bit param of this rank's new shard keeps its codes and blocks. An 8-bit param is
+  // one segment, the whole param, in every layout (the partition keeps it whole).
+  std::vector<const MomentPlace*> mine(table_.size(), nullptr);
+  for (std::size_t i = 0; i < own_shard.segments.size(); ++i) {
+    if (own.places[i].q8 && own_shard.segments[i].length > 0) {
+      mine[static_cast<std::size_t>(own_shard.segments[i].param)] = &own.places[i];
+    }
+  }
+  const bool replicated = from.strategy == partition::Strategy::replicated;
+  const int world = dev_.world();
+  std::vector<MomentLayout> old_places;
+  int64_t largest_codes = 0;
+  int64_t largest_blocks = 0;
+  for (const partition::RankShard& shard : from.shards) {
+    old_places.push_back(laid_out_moments(shard));
+    largest_codes = std::max(largest_codes, old_places.back().code_numel);
+    largest_blocks = std::max(largest_blocks, old_places.back().blocks);
+  }
+  if (largest_codes == 0) return;  // decided alike on every rank: the old layout held no 8-bit moments
+  Q8Buffers incoming;
+  for (int r = 0; r < (replicated ? 1 : world); ++r) {
+    const auto source_rank = static_cast<std::size_t>(replicated ? dev_.rank() : r);
+    const partition::RankShard& old_shard = from.shards[source_rank];
+    const MomentLayout& old = old_places[source_rank];
+    if (old.code_numel == 0) continue;
+    const Q8Buffers* source = nullptr;
+    if (!replicated && world > 1) {
+      for (std::size_t m = 0; m < 2; ++m) {
+        incoming.codes[m] = dev_.new_buffer(largest_codes, DType::byte);
+        incoming.absmax[m] = dev_.new_buffer(largest_blocks);
+        if (r == dev_.rank()) {
+          dev_.copy_bytes(incoming.codes[m].raw(), q8_codes_[m].raw(), span_bytes(old.code_numel, DType::byte));
+          dev_.copy_bytes(incoming.absmax[m].raw(), q8_absmax_[m].raw(), span_bytes(old.blocks, DType::f32));
+        }
+        comm::broadcast_in_chunks(dev_.comm(), incoming.codes[m].raw(), old.code_numel, DType::byte, r,
+                                  bucket_elements(config_, DType::byte));
+        comm::broadcast_in_chunks(dev_.comm(), incoming.absmax[m].raw(), old.blocks, DType::f32, r,
+                                  bucket_elements(config_, DType::f32));
+      }
+      source = &incoming;
+    }
+    for (std::size_t i = 0; i < old_shard.segments.size(); ++i) {
+      const partition::Segment& s = old_shard.segments[i];
+      const MomentPlace* to = mine[static_cast<std::size_t>(s.param)];
+      if (!old.places[i].q8 || s.length == 0 || to == nullptr) continue;
+      for (std::size_t m = 0; m < 2; ++m) {
+        const char* codes = static_cast<const char*>(source ? source->codes[m].raw() : q8_codes_[m].raw());
+        const float* absmax = source ? source->absmax[m].data() : q8_absmax_[m].data();
+        dev_.copy_bytes(static_cast<char*>(next.codes[m].raw()) + to->code_offset, codes + old.places[i].code_offset,
+                        span_bytes(s.length, DType::byte));
+        dev_.copy_bytes(next.absmax[m].data() + to->block_offset, absmax + old.places[i].block_offset,
+                        span_bytes(kernels::q8_blocks(s.length), DType::f32));
+      }
+    }
+  }
+}
+
 void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t first_new) {
   const device::ScopedDevice scope(dev_.device());
   const std::vector<ParamRecord>& params = table_.params();
@@ -149,8 +217,6 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   partition::Layout next = partition::make_layout(strategy_of(config_), table_.infos(), dev_.world(), kShardAlignment);
   const int64_t next_shard = next.shards[static_cast<std::size_t>(dev_.rank())].numel;
   const MomentLayout moments = place_moments(next.shards[static_cast<std::size_t>(dev_.rank())]);
-  // 8-bit moments are laid out once: the optimizer refuses the layout changes that would move them.
-  SHARDOPT_CHECK(!has_layout_ || !table_.any_q8(), internal, "a layout change of an optimizer with 8-bit moments");
 
   // Every kind gets the device, even when empty: ensure_state_kinds() may allocate it later.
   StateBuffers next_state;
@@ -161,14 +227,22 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   if (has_layout_) migrate_state(layout_, next, next_state);
   state_numel_ = moments.numel;
   // Fresh 8-bit state is bitsandbytes' zeros: codes 0 and absmax 0.
+  Q8Buffers next_q8;
   for (std::size_t m = 0; m < 2; ++m) {
-    q8_codes_[m] = dev_.new_buffer(moments.code_numel, DType::byte);
-    q8_absmax_[m] = dev_.new_buffer(moments.blocks);
+    next_q8.codes[m] = dev_.new_buffer(moments.code_numel, DType::byte);
+    next_q8.absmax[m] = dev_.new_buffer(moments.blocks);
     if (moments.code_numel > 0) {
-      dev_.zero_bytes(q8_codes_[m].raw(), static_cast<std::size_t>(q8_codes_[m].bytes()));
-      dev_.zero_bytes(q8_absmax_[m].raw(), static_cast<std::size_t>(q8_absmax_[m].bytes()));
+      dev_.zero_bytes(next_q8.codes[m].raw(), static_cast<std::size_t>(next_q8.codes[m].bytes()));
+      dev_.zero_bytes(next_q8.absmax[m].raw(), static_cast<std::size_t>(next_q8.absmax[m].bytes()));
     }
   }
+  if (has_layout_) migrate_q8(layout_, next.shards[static_cast<std::size_t>(dev_.rank())], moments, next_q8);
+  for (std::size_t m = 0; m < 2; ++m) {
+    q8_codes_[m] = std::move(next_q8.codes[m]);
+    q8_absmax_[m] = std::move(next_q8.absmax[m]);
+  }
+  q8_laid_out_.clear();
+  for (const ParamRecord& p : params) q8_laid_out_.push_back(table_.q8_moments(p));
   state_in_use_ = needed;
   // Remainders (2 bytes each, moved as raw bf16 bits) wherever a group keeps them; a layout
   // that had none (no such group yet) leaves them zero, which seed_masters() sets anyway.

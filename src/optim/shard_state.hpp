@@ -228,13 +228,21 @@ class ShardState {
 
  private:
   void migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const;
+  // The current layout's moment placement over `shard` (one of layout_'s), with the 8-bit flags
+  // it was laid out with: set_trainable changes a param's flag before the new layout exists.
+  MomentLayout laid_out_moments(const partition::RankShard& shard) const;
+  // The 8-bit moments of this rank's old shard moved into `next` (placed as `own` places them
+  // over this rank's new shard): each 8-bit param's codes and absmax whole, from the rank that
+  // held it (collective when sharded). Params new to 8-bit moments keep next's zeros.
+  void migrate_q8(const partition::Layout& from, const partition::RankShard& own_shard, const MomentLayout& own,
+                  Q8Buffers& next) const;
   void seed_masters(const std::vector<bool>& params_to_seed);
   // remainder16 params: the installed fp32 master split into parameter and remainder.
   void split_masters(const std::vector<bool>& params_to_seed);
   // A buffer of this rank's old shard moved into `next` over the new layout (collective when
   // sharded: each old shard is broadcast once).
-  // `kind`: a state kind's buffer, placed as place_moments() places it; kStateKinds: a buffer
-  // over the shard offsets.
+  // `kind`: a state kind's buffer, placed as place_moments() places it (over `from` as it was
+  // laid out: laid_out_moments()); kStateKinds: a buffer over the shard offsets.
   void migrate_buffer(const partition::Layout& from, const partition::Layout& to, const core::FlatBuffer& old,
                       core::FlatBuffer& next, DType dtype, std::size_t kind = kStateKinds) const;
   // Collective: the bucket-view parameter buffer (or the external storage's sync staging) for
@@ -270,6 +278,7 @@ class ShardState {
   std::array<int64_t, kStateKinds> state_numel_{};  // elements of each f32 kind over the shard
   std::array<core::FlatBuffer, 2> q8_codes_;      // exp_avg, exp_avg_sq: bytes over the 8-bit params
   std::array<core::FlatBuffer, 2> q8_absmax_;     // their absmax per block
+  std::vector<bool> q8_laid_out_;       // per param: 8-bit moments in the current layout
   bool remainders_in_use_ = false;     // the same on every rank, even where a shard is empty
   bool masters_materialised_ = false;  // state_[kMaster] is materialise_masters()'s copy
   core::FlatBuffer flat_params_;   // bucket view: trainable shards then frozen params

@@ -30,12 +30,6 @@ void register_groups(ZeroOptimizer::Impl& im, const std::vector<ParamGroupSpec>&
   record.validate([&] {
     const std::string comm_label = fmt::format("the {} communicator", im.dev.comm().backend_name());
     added = im.table.prepare(specs, im.config, im.dev.comm().device(), comm_label, im.dev.rank());
-    if (first_id > 0) {
-      const bool adds_q8 = std::any_of(added.storage.begin(), added.storage.end(), [](const optim::GroupStorage& g) {
-        return g.state_precision == StatePrecision::q8;
-      });
-      optim::refuse_with_q8(im.table, "add_param_group", adds_q8);
-    }
     im.dev.adopt(added.choice.device);
     im.overlap.check_device_path();
     // Sizes the layout cannot hold, or buffers this machine cannot, fail every rank here.
@@ -102,7 +96,6 @@ void ZeroOptimizer::set_trainable(ParamId id, bool trainable) try {
   std::string name;
   record.validate([&] {
     name = im.table.param(id).name;
-    optim::refuse_with_q8(im.table, "set_trainable");
   });
   record.field("set_trainable parameter", name.empty() ? fmt::format("#{}", id) : "'" + name + "'");
   record.field("set_trainable value", trainable ? "true" : "false");
