@@ -29,6 +29,23 @@ std::string scratch(const std::string& name) {
   return dir;
 }
 
+// Loads `dir` (saved after step 2) at every world size from 1 to N at once (the ranks below k
+// at world k, the others at world N - k: each split group loads the same files), trains steps 2
+// and 3, and requires `expected`.
+void resume_at_every_world(const std::string& dir, const OptimizerConfig& config, const std::vector<float>& expected) {
+  for (int k = 1; k <= world()->size(); ++k) {
+    const bool low = world()->rank() < k;
+    auto sub = world()->split(low ? 0 : 1, world()->rank());
+    CAPTURE(k, sub->size());
+    Model fresh;
+    ZeroOptimizer resumed(sub, fresh.groups(), config);
+    resumed.load(dir);
+    REQUIRE(resumed.param_step(resumed.find_param("w0")) == 2);
+    train(resumed, 2, 2);
+    REQUIRE(bitwise_equal(shardopt_test::all_params(resumed), expected));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a Muon + AdamW checkpoint saved at N ranks loads at every world size and continues bitwise",
@@ -47,19 +64,7 @@ TEST_CASE("a Muon + AdamW checkpoint saved at N ranks loads at every world size 
       saved.save(dir);
       train(saved, 2, 2);
       const std::vector<float> expected = shardopt_test::all_params(saved);
-      // Every world size from 1 to N at once: the ranks below k load at world k, the others at
-      // world N - k (each split group loads the same files).
-      for (int k = 1; k <= world()->size(); ++k) {
-        const bool low = world()->rank() < k;
-        auto sub = world()->split(low ? 0 : 1, world()->rank());
-        CAPTURE(k, sub->size());
-        Model fresh;
-        ZeroOptimizer resumed(sub, fresh.groups(), config);
-        resumed.load(dir);
-        REQUIRE(resumed.param_step(resumed.find_param("w0")) == 2);
-        train(resumed, 2, 2);
-        REQUIRE(bitwise_equal(shardopt_test::all_params(resumed), expected));
-      }
+      resume_at_every_world(dir, config, expected);
     }
   }
 }
@@ -141,17 +146,8 @@ TEST_CASE("a Muon + AdamW checkpoint of shard format 1 loads at every world size
   }
   world()->barrier();
   for (const std::string& dir : {fixture, resharded}) {
-    for (int k = 1; k <= world()->size(); ++k) {
-      CAPTURE(dir, k);
-      const bool low = world()->rank() < k;
-      auto sub = world()->split(low ? 0 : 1, world()->rank());
-      Model fresh;
-      ZeroOptimizer resumed(sub, fresh.groups(), config);
-      resumed.load(dir);
-      REQUIRE(resumed.param_step(resumed.find_param("w0")) == 2);
-      train(resumed, 2, 2);
-      REQUIRE(bitwise_equal(shardopt_test::all_params(resumed), expected));
-    }
+    CAPTURE(dir);
+    resume_at_every_world(dir, config, expected);
   }
 }
 
