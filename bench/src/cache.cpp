@@ -96,6 +96,8 @@ std::vector<int> affinity_cpus() {
 
 }  // namespace
 
+int affinity_cpu_count() { return static_cast<int>(affinity_cpus().size()); }
+
 CacheInfo last_level_cache_from_sysfs(const std::string& cpu_root, const std::vector<int>& cpus) {
   CacheInfo info;
   const std::vector<int> mine = cpus.empty() ? std::vector<int>{0} : cpus;

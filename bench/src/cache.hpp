@@ -34,6 +34,9 @@ struct CacheInfo {
 // (empty: cpu0). Returns level 0 when the tree is absent or unreadable.
 CacheInfo last_level_cache_from_sysfs(const std::string& cpu_root, const std::vector<int>& cpus);
 
+// CPUs in this process's affinity mask (0 when it cannot be read).
+int affinity_cpu_count();
+
 // This process's view: sysfs under /sys/devices/system/cpu with its sched_getaffinity mask;
 // else sysconf's largest cache level (one instance, possibly overstated: only ever larger
 // arrays follow from it); else 32 MiB. sysconf_bytes is filled in every case.

@@ -35,11 +35,13 @@
 // self-check), step (the step mode), muon_step (the Muon step), checkpoint_cost (the checkpoint mode), cuda_run (the device
 // check and dispatch), cuda_step (the step on a GPU), cuda_device (CUDA runtime calls: device
 // memory, events, bandwidth kernels; cuda_unavailable in a build without CUDA).
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <stdexcept>
 
+#include "cache.hpp"
 #include "checkpoint_cost.hpp"
 #include "collectives.hpp"
 #include "cuda_run.hpp"
@@ -47,6 +49,7 @@
 #include "muon_step.hpp"
 #include "options.hpp"
 #include "step.hpp"
+#include "support.hpp"
 #include "shardopt/shardopt.hpp"
 
 using shardopt::Communicator;
@@ -73,6 +76,16 @@ int main(int argc, char** argv) {
   if (options.help) {
     if (leader) std::fputs(shardopt_bench::usage_text, stdout);
     return 0;
+  }
+  // mpirun binds each rank to one core by default when it starts 2 ranks or fewer: threads
+  // beyond the rank's CPUs share them, and the run measures fewer threads than it says.
+  const int threads = std::max(shardopt_bench::effective_threads(options.threads), options.blas_threads);
+  const int cpus = shardopt_bench::affinity_cpu_count();
+  if (options.device != shardopt_bench::BenchDevice::cuda && cpus > 0 && threads > cpus) {
+    std::fprintf(stderr,
+                 "shardopt-bench: warning: rank %d runs %d threads on the %d CPU(s) of its affinity mask, which they "
+                 "share (mpirun: --bind-to none, or --map-by slot:PE=%d)\n",
+                 comm->rank(), threads, cpus, threads);
   }
   try {
     if (options.device == shardopt_bench::BenchDevice::cuda) return shardopt_bench::run_on_cuda(comm, options);
