@@ -14,12 +14,6 @@ namespace shardopt {
 namespace checkpoint {
 namespace {
 
-int kind_index(const std::string& name) {
-  for (std::size_t k = 0; k < optim::kStateKinds; ++k) {
-    if (name == optim::kStateNames[k]) return static_cast<int>(k);
-  }
-  return -1;
-}
 
 // Save ids become part of file names: letters, digits and '-' only, so that no manifest can
 // point outside its directory.
@@ -91,8 +85,9 @@ void check_state_kinds(const Manifest& m, const std::string& path) {
   std::array<bool, optim::kStateKinds> listed{};
   int previous = -1;
   for (const std::string& name : m.state_kinds) {
-    const int k = kind_index(name);
-    SHARDOPT_CHECK(k >= 0, corrupt, "'{}': state_kinds holds '{}', not a state kind", path, name);
+    const std::size_t kind = optim::state_kind_index(name);
+    const int k = static_cast<int>(kind);
+    SHARDOPT_CHECK(kind < optim::kStateKinds, corrupt, "'{}': state_kinds holds '{}', not a state kind", path, name);
     SHARDOPT_CHECK(k > previous, corrupt, "'{}': state_kinds lists '{}' twice or out of order", path, name);
     previous = k;
     const bool sgd_kind = k == optim::kMomentum;

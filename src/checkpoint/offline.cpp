@@ -161,8 +161,8 @@ void reshard_checkpoint(const std::string& dir, const std::string& out_dir, cons
     std::vector<std::string> tensors = {checkpoint::kParamsTensor};
     tensors.insert(tensors.end(), old.state_kinds.begin(), old.state_kinds.end());
     for (const std::string& tensor : tensors) {
-      std::size_t kind = optim::kMaster;  // "params": by shard offset, as the master
-      for (std::size_t k = 0; k < optim::kStateKinds; ++k) kind = tensor == optim::kStateNames[k] ? k : kind;
+      // "params": by shard offset, as the master.
+      const std::size_t kind = tensor == checkpoint::kParamsTensor ? optim::kMaster : optim::state_kind_index(tensor);
       // Each segment the kind keeps, in the order of its place in the tensor.
       std::vector<std::pair<int64_t, const partition::Segment*>> pieces;
       for (std::size_t i = 0; i < shard.segments.size(); ++i) {

@@ -20,12 +20,6 @@ namespace {
 // torch keeps state only for params that have been stepped.
 bool has_state(const optim::ParamRecord& p) { return p.trainable && p.step > 0; }
 
-std::size_t kind_index(const std::string& name) {
-  std::size_t k = 0;
-  while (k < optim::kStateKinds && name != optim::kStateNames[k]) ++k;
-  return k;
-}
-
 std::vector<Hyperparams> hypers_of(const StateDict& dict) {
   std::vector<Hyperparams> hypers;
   for (const ParamGroupState& g : dict.param_groups) hypers.push_back(g.hyper);
@@ -313,7 +307,7 @@ void check_state_dict(const OptimizerParts& parts, const StateDict& sd) {
                      kernels::kQ8Block);
     }
     for (const auto& [kind, values] : s.tensors) {
-      const std::size_t k = kind_index(kind);
+      const std::size_t k = optim::state_kind_index(kind);
       SHARDOPT_CHECK(!q8_here || (k != optim::kExpAvg && k != optim::kExpAvgSq), mismatch,
                      "load_state_dict: parameter '{}' keeps 8-bit moments here (state_precision q8), but the state "
                      "dict holds its '{}' as fp32 values; a state dict loads into the state precision it was taken "

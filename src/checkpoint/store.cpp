@@ -163,8 +163,8 @@ void CheckpointReader::read_param_range(const std::string& tensor, int32_t param
   const int64_t end = offset + length;
   int64_t covered = offset;
   // Where the file keeps the tensor's elements (FileMoments); "params" as the master, by shard offset.
-  std::size_t kind = optim::kMaster;
-  for (std::size_t k = 0; k < optim::kStateKinds; ++k) kind = tensor == optim::kStateNames[k] ? k : kind;
+  const std::size_t kind = tensor == kParamsTensor ? optim::kMaster : optim::state_kind_index(tensor);
+  SHARDOPT_CHECK(kind < optim::kStateKinds, internal, "checkpoint '{}': '{}' is not read by parameter range", dir_, tensor);
   for (const Piece& piece : pieces_[static_cast<std::size_t>(param)]) {
     const partition::Segment& s = *piece.segment;
     const int64_t lo = std::max(offset, s.param_offset);
@@ -308,8 +308,7 @@ std::vector<TensorEntry> shard_tensors(int64_t shard_numel, const std::vector<st
   std::vector<TensorEntry> tensors;
   tensors.push_back(TensorEntry{kParamsTensor, {shard_numel}, 0, 0});
   for (const std::string& kind : state_kinds) {
-    std::size_t k = 0;
-    while (k < optim::kStateKinds && kind != optim::kStateNames[k]) ++k;
+    const std::size_t k = optim::state_kind_index(kind);
     SHARDOPT_CHECK(k < optim::kStateKinds, internal, "shard_tensors: '{}' is not a state kind", kind);
     tensors.push_back(TensorEntry{kind, {moments.numel[k]}, 0, 0});
   }

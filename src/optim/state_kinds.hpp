@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "shardopt/optimizer.hpp"
@@ -15,6 +16,13 @@ namespace optim {
 enum StateKind : std::size_t { kExpAvg = 0, kExpAvgSq, kMaxExpAvgSq, kMomentum, kMaster, kStateKinds };
 inline constexpr const char* kStateNames[kStateKinds] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                          "momentum_buffer", "master"};
+
+// The kind named `name` (kStateNames), or kStateKinds when none is.
+inline std::size_t state_kind_index(const std::string& name) {
+  std::size_t k = 0;
+  while (k < kStateKinds && name != kStateNames[k]) ++k;
+  return k;
+}
 
 // Whether a parameter of a group of `algorithm` can hold state of kind k (what its algorithm
 // keeps, and the master): a state dict lists only these for it.
