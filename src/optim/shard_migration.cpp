@@ -9,50 +9,34 @@
 namespace shardopt {
 namespace optim {
 
-void ShardState::migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const {
+void ShardState::migrate_state(const LayoutChange& change, StateBuffers& next) const {
   for (std::size_t k = 0; k < kStateKinds; ++k) {
     // Decided alike on every rank: a rank whose shard is empty still joins the broadcasts.
-    if (state_in_use_[k]) migrate_buffer(from, to, state_[k], next[k], DType::f32, k);
+    if (state_in_use_[k]) migrate_buffer(change, state_[k], next[k], DType::f32, k);
   }
 }
 
-void ShardState::migrate_buffer(const partition::Layout& from, const partition::Layout& to,
-                                const core::FlatBuffer& old, core::FlatBuffer& next, DType dt, std::size_t kind) const {
-  const std::vector<ParamRecord>& params = table_.params();
-  // Where a segment's elements sit in the buffer: a state kind's placement, else the shard offset.
-  auto placed = [&](const partition::RankShard& shard, bool old) {
-    if (kind == kStateKinds) return MomentLayout{};
-    return old ? laid_out_moments(shard) : place_moments(shard);
-  };
-  auto offset_in = [&](const MomentLayout& at, const partition::RankShard& shard, std::size_t i) {
-    return kind < kStateKinds ? at.places[i].offset[kind] : shard.segments[i].shard_offset;
-  };
-  auto numel_in = [&](const MomentLayout& at, const partition::RankShard& shard) {
-    return kind < kStateKinds ? at.numel[kind] : shard.numel;
-  };
+void ShardState::migrate_buffer(const LayoutChange& change, const core::FlatBuffer& old, core::FlatBuffer& next,
+                                DType dt, std::size_t kind) const {
+  const partition::Layout& from = change.from;
   // This rank's new pieces, by param: (segment, offset in `next`).
-  const partition::RankShard& own = to.shards[static_cast<std::size_t>(dev_.rank())];
-  const MomentLayout own_places = placed(own, false);
-  std::vector<std::vector<std::pair<const partition::Segment*, int64_t>>> mine(params.size());
-  for (std::size_t i = 0; i < own.segments.size(); ++i) {
-    const int64_t at = offset_in(own_places, own, i);
-    if (at >= 0) mine[static_cast<std::size_t>(own.segments[i].param)].emplace_back(&own.segments[i], at);
+  std::vector<std::vector<std::pair<const partition::Segment*, int64_t>>> mine(table_.size());
+  for (std::size_t i = 0; i < change.own.segments.size(); ++i) {
+    const int64_t at = change.own_places.places[i].offset[kind];
+    if (at >= 0) mine[static_cast<std::size_t>(change.own.segments[i].param)].emplace_back(&change.own.segments[i], at);
   }
   const bool replicated = from.strategy == partition::Strategy::replicated;
   const int world = dev_.world();
   const int sources = replicated ? 1 : world;
   // One receive buffer for every broadcast (on a device, each allocation would cost a cudaFree).
   core::FlatBuffer incoming(dev_.device(), dev_.stream(), dt);
-  std::vector<MomentLayout> old_places;
   int64_t largest = 0;
-  for (const partition::RankShard& shard : from.shards) {
-    old_places.push_back(placed(shard, true));
-    largest = std::max(largest, numel_in(old_places.back(), shard));
-  }
+  for (const MomentLayout& places : change.from_places) largest = std::max(largest, places.numel[kind]);
   for (int r = 0; r < sources; ++r) {
     const auto source_rank = static_cast<std::size_t>(replicated ? dev_.rank() : r);
     const partition::RankShard& old_shard = from.shards[source_rank];
-    const int64_t old_numel = numel_in(old_places[source_rank], old_shard);
+    const MomentLayout& old_places = change.from_places[source_rank];
+    const int64_t old_numel = old_places.numel[kind];
     const char* source = static_cast<const char*>(old.raw());
     if (!replicated && world > 1) {
       if (incoming.empty()) incoming.resize(largest);
@@ -63,7 +47,7 @@ void ShardState::migrate_buffer(const partition::Layout& from, const partition::
     }
     for (std::size_t i = 0; i < old_shard.segments.size(); ++i) {
       const partition::Segment& old_seg = old_shard.segments[i];
-      const int64_t old_at = offset_in(old_places[source_rank], old_shard, i);
+      const int64_t old_at = old_places.places[i].offset[kind];
       if (old_at < 0) continue;
       for (const auto& [new_seg, new_at] : mine[static_cast<std::size_t>(old_seg.param)]) {
         const int64_t lo = std::max(old_seg.param_offset, new_seg->param_offset);
@@ -76,67 +60,56 @@ void ShardState::migrate_buffer(const partition::Layout& from, const partition::
   }
 }
 
-MomentLayout ShardState::laid_out_moments(const partition::RankShard& shard) const {
-  std::vector<bool> q8_param = q8_laid_out_;
-  q8_param.resize(table_.size(), false);  // params added since hold no segment of it
-  std::vector<StateMask> holds;
-  for (const ParamRecord& p : table_.params()) holds.push_back(algorithm_kinds(table_.algorithm(p.group)));
-  return optim::place_moments(shard, q8_param, holds);
-}
-
-void ShardState::migrate_q8(const partition::Layout& from, const partition::RankShard& own_shard,
-                            const MomentLayout& own, Q8Buffers& next) const {
+void ShardState::migrate_q8(const LayoutChange& change, Q8Buffers& next) const {
   // Where each 8-bit param of this rank's new shard keeps its codes and blocks. An 8-bit param is
   // one segment, the whole param, in every layout (the partition keeps it whole).
   std::vector<const MomentPlace*> mine(table_.size(), nullptr);
-  for (std::size_t i = 0; i < own_shard.segments.size(); ++i) {
-    if (own.places[i].q8 && own_shard.segments[i].length > 0) {
-      mine[static_cast<std::size_t>(own_shard.segments[i].param)] = &own.places[i];
+  for (std::size_t i = 0; i < change.own.segments.size(); ++i) {
+    if (change.own_places.places[i].q8 && change.own.segments[i].length > 0) {
+      mine[static_cast<std::size_t>(change.own.segments[i].param)] = &change.own_places.places[i];
     }
   }
-  const bool replicated = from.strategy == partition::Strategy::replicated;
+  const bool replicated = change.from.strategy == partition::Strategy::replicated;
   const int world = dev_.world();
-  std::vector<MomentLayout> old_places;
   int64_t largest_codes = 0;
   int64_t largest_blocks = 0;
-  for (const partition::RankShard& shard : from.shards) {
-    old_places.push_back(laid_out_moments(shard));
-    largest_codes = std::max(largest_codes, old_places.back().code_numel);
-    largest_blocks = std::max(largest_blocks, old_places.back().blocks);
+  for (const MomentLayout& places : change.from_places) {
+    largest_codes = std::max(largest_codes, places.code_numel);
+    largest_blocks = std::max(largest_blocks, places.blocks);
   }
   if (largest_codes == 0) return;  // decided alike on every rank: the old layout held no 8-bit moments
+  // One receive buffer of each for every broadcast.
   Q8Buffers incoming;
+  const bool broadcast = !replicated && world > 1;
+  for (std::size_t m = 0; m < 2 && broadcast; ++m) {
+    incoming.codes[m] = dev_.new_buffer(largest_codes, DType::byte);
+    incoming.absmax[m] = dev_.new_buffer(largest_blocks);
+  }
   for (int r = 0; r < (replicated ? 1 : world); ++r) {
     const auto source_rank = static_cast<std::size_t>(replicated ? dev_.rank() : r);
-    const partition::RankShard& old_shard = from.shards[source_rank];
-    const MomentLayout& old = old_places[source_rank];
+    const partition::RankShard& old_shard = change.from.shards[source_rank];
+    const MomentLayout& old = change.from_places[source_rank];
     if (old.code_numel == 0) continue;
-    const Q8Buffers* source = nullptr;
-    if (!replicated && world > 1) {
-      for (std::size_t m = 0; m < 2; ++m) {
-        incoming.codes[m] = dev_.new_buffer(largest_codes, DType::byte);
-        incoming.absmax[m] = dev_.new_buffer(largest_blocks);
-        if (r == dev_.rank()) {
-          dev_.copy_bytes(incoming.codes[m].raw(), q8_codes_[m].raw(), span_bytes(old.code_numel, DType::byte));
-          dev_.copy_bytes(incoming.absmax[m].raw(), q8_absmax_[m].raw(), span_bytes(old.blocks, DType::f32));
-        }
-        comm::broadcast_in_chunks(dev_.comm(), incoming.codes[m].raw(), old.code_numel, DType::byte, r,
-                                  bucket_elements(config_, DType::byte));
-        comm::broadcast_in_chunks(dev_.comm(), incoming.absmax[m].raw(), old.blocks, DType::f32, r,
-                                  bucket_elements(config_, DType::f32));
+    for (std::size_t m = 0; m < 2 && broadcast; ++m) {
+      if (r == dev_.rank()) {
+        dev_.copy_bytes(incoming.codes[m].raw(), q8_codes_[m].raw(), span_bytes(old.code_numel, DType::byte));
+        dev_.copy_bytes(incoming.absmax[m].raw(), q8_absmax_[m].raw(), span_bytes(old.blocks, DType::f32));
       }
-      source = &incoming;
+      comm::broadcast_in_chunks(dev_.comm(), incoming.codes[m].raw(), old.code_numel, DType::byte, r,
+                                bucket_elements(config_, DType::byte));
+      comm::broadcast_in_chunks(dev_.comm(), incoming.absmax[m].raw(), old.blocks, DType::f32, r,
+                                bucket_elements(config_, DType::f32));
     }
     for (std::size_t i = 0; i < old_shard.segments.size(); ++i) {
       const partition::Segment& s = old_shard.segments[i];
       const MomentPlace* to = mine[static_cast<std::size_t>(s.param)];
       if (!old.places[i].q8 || s.length == 0 || to == nullptr) continue;
       for (std::size_t m = 0; m < 2; ++m) {
-        const char* codes = static_cast<const char*>(source ? source->codes[m].raw() : q8_codes_[m].raw());
-        const float* absmax = source ? source->absmax[m].data() : q8_absmax_[m].data();
-        dev_.copy_bytes(static_cast<char*>(next.codes[m].raw()) + to->code_offset, codes + old.places[i].code_offset,
-                        span_bytes(s.length, DType::byte));
-        dev_.copy_bytes(next.absmax[m].data() + to->block_offset, absmax + old.places[i].block_offset,
+        const core::FlatBuffer& codes = broadcast ? incoming.codes[m] : q8_codes_[m];
+        const core::FlatBuffer& absmax = broadcast ? incoming.absmax[m] : q8_absmax_[m];
+        dev_.copy_bytes(static_cast<char*>(next.codes[m].raw()) + to->code_offset,
+                        static_cast<const char*>(codes.raw()) + old.places[i].code_offset, span_bytes(s.length, DType::byte));
+        dev_.copy_bytes(next.absmax[m].data() + to->block_offset, absmax.data() + old.places[i].block_offset,
                         span_bytes(kernels::q8_blocks(s.length), DType::f32));
       }
     }

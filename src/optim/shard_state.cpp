@@ -31,14 +31,21 @@ StateMask ShardState::state_kinds_needed() const {
   return needed;
 }
 
-MomentLayout ShardState::place_moments(const partition::RankShard& shard) const {
+std::vector<bool> ShardState::q8_flags() const {
   std::vector<bool> q8_param;
+  for (const ParamRecord& p : table_.params()) q8_param.push_back(table_.q8_moments(p));
+  return q8_param;
+}
+
+MomentLayout ShardState::place_moments_flagged(const partition::RankShard& shard, std::vector<bool> q8_param) const {
+  q8_param.resize(table_.size(), false);
   std::vector<StateMask> holds;
-  for (const ParamRecord& p : table_.params()) {
-    q8_param.push_back(table_.q8_moments(p));
-    holds.push_back(algorithm_kinds(table_.algorithm(p.group)));
-  }
+  for (const ParamRecord& p : table_.params()) holds.push_back(algorithm_kinds(table_.algorithm(p.group)));
   return optim::place_moments(shard, q8_param, holds);
+}
+
+MomentLayout ShardState::place_moments(const partition::RankShard& shard) const {
+  return place_moments_flagged(shard, q8_flags());
 }
 
 kernels::Q8Moments ShardState::q8_moments(const UpdateRun& run) const {
@@ -81,8 +88,13 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   const std::vector<ParamRecord>& params = table_.params();
   const DType dt = dtype();
   partition::Layout next = partition::make_layout(strategy_of(config_), table_.infos(), dev_.world(), kShardAlignment);
-  const int64_t next_shard = next.shards[static_cast<std::size_t>(dev_.rank())].numel;
-  const MomentLayout moments = place_moments(next.shards[static_cast<std::size_t>(dev_.rank())]);
+  const partition::RankShard& own = next.shards[static_cast<std::size_t>(dev_.rank())];
+  const int64_t next_shard = own.numel;
+  const MomentLayout moments = place_moments(own);
+  LayoutChange change{layout_, {}, own, moments};
+  if (has_layout_) {
+    for (const partition::RankShard& shard : layout_.shards) change.from_places.push_back(place_moments_flagged(shard, q8_laid_out_));
+  }
 
   // Every kind gets the device, even when empty: ensure_state_kinds() may allocate it later.
   StateBuffers next_state;
@@ -90,7 +102,7 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
   for (std::size_t k = 0; k < kStateKinds; ++k) {
     next_state[k] = dev_.new_buffer(needed[k] ? moments.numel[k] : 0);
   }
-  if (has_layout_) migrate_state(layout_, next, next_state);
+  if (has_layout_) migrate_state(change, next_state);
   state_numel_ = moments.numel;
   // Fresh 8-bit state is bitsandbytes' zeros: codes 0 and absmax 0.
   Q8Buffers next_q8;
@@ -102,19 +114,18 @@ void ShardState::rebuild(const std::vector<const void*>& initial, std::size_t fi
       dev_.zero_bytes(next_q8.absmax[m].raw(), static_cast<std::size_t>(next_q8.absmax[m].bytes()));
     }
   }
-  if (has_layout_) migrate_q8(layout_, next.shards[static_cast<std::size_t>(dev_.rank())], moments, next_q8);
+  if (has_layout_) migrate_q8(change, next_q8);
   for (std::size_t m = 0; m < 2; ++m) {
     q8_codes_[m] = std::move(next_q8.codes[m]);
     q8_absmax_[m] = std::move(next_q8.absmax[m]);
   }
-  q8_laid_out_.clear();
-  for (const ParamRecord& p : params) q8_laid_out_.push_back(table_.q8_moments(p));
+  q8_laid_out_ = q8_flags();
   state_in_use_ = needed;
   // Remainders (2 bytes each, moved as raw bf16 bits) wherever a group keeps them; a layout
   // that had none (no such group yet) leaves them zero, which seed_masters() sets anyway.
   const bool remainders_needed = table_.any_master(MasterStorage::remainder16);
   core::FlatBuffer next_remainders = dev_.new_buffer(remainders_needed ? next_shard : 0, DType::bf16);
-  if (has_layout_ && remainders_in_use_) migrate_buffer(layout_, next, remainders_, next_remainders, DType::bf16);
+  if (has_layout_ && remainders_in_use_) migrate_buffer(change, remainders_, next_remainders, DType::bf16, kMaster);
   remainders_ = std::move(next_remainders);
   remainders_in_use_ = remainders_needed;
 

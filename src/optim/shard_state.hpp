@@ -227,24 +227,32 @@ class ShardState {
   void materialise_masters();
 
  private:
-  void migrate_state(const partition::Layout& from, const partition::Layout& to, StateBuffers& next) const;
-  // The current layout's moment placement over `shard` (one of layout_'s), with the 8-bit flags
-  // it was laid out with: set_trainable changes a param's flag before the new layout exists.
-  MomentLayout laid_out_moments(const partition::RankShard& shard) const;
-  // The 8-bit moments of this rank's old shard moved into `next` (placed as `own` places them
-  // over this rank's new shard): each 8-bit param's codes and absmax whole, from the rank that
-  // held it (collective when sharded). Params new to 8-bit moments keep next's zeros.
-  void migrate_q8(const partition::Layout& from, const partition::RankShard& own_shard, const MomentLayout& own,
-                  Q8Buffers& next) const;
+  // Per param of the table: whether it keeps 8-bit moments now.
+  std::vector<bool> q8_flags() const;
+  // place_moments() over `shard` with these 8-bit flags (params past their end: none).
+  MomentLayout place_moments_flagged(const partition::RankShard& shard, std::vector<bool> q8_param) const;
+  // What a layout change moves state between: the old layout with every old shard's placement
+  // (under the 8-bit flags it was laid out with: set_trainable changes a param's flag before the
+  // new layout exists), and this rank's new shard with its placement.
+  struct LayoutChange {
+    const partition::Layout& from;
+    std::vector<MomentLayout> from_places;  // by old rank
+    const partition::RankShard& own;
+    const MomentLayout& own_places;
+  };
+  void migrate_state(const LayoutChange& change, StateBuffers& next) const;
+  // The 8-bit moments of this rank's old shard moved into `next` (placed as change.own_places
+  // places them): each 8-bit param's codes and absmax whole, from the rank that held it
+  // (collective when sharded). Params new to 8-bit moments keep next's zeros.
+  void migrate_q8(const LayoutChange& change, Q8Buffers& next) const;
   void seed_masters(const std::vector<bool>& params_to_seed);
   // remainder16 params: the installed fp32 master split into parameter and remainder.
   void split_masters(const std::vector<bool>& params_to_seed);
   // A buffer of this rank's old shard moved into `next` over the new layout (collective when
-  // sharded: each old shard is broadcast once).
-  // `kind`: a state kind's buffer, placed as place_moments() places it (over `from` as it was
-  // laid out: laid_out_moments()); kStateKinds: a buffer over the shard offsets.
-  void migrate_buffer(const partition::Layout& from, const partition::Layout& to, const core::FlatBuffer& old,
-                      core::FlatBuffer& next, DType dtype, std::size_t kind = kStateKinds) const;
+  // sharded: each old shard is broadcast once), placed as state kind `kind` is (kMaster: by
+  // shard offset, as the remainders are too).
+  void migrate_buffer(const LayoutChange& change, const core::FlatBuffer& old, core::FlatBuffer& next, DType dtype,
+                      std::size_t kind) const;
   // Collective: the bucket-view parameter buffer (or the external storage's sync staging) for
   // `numel` elements, node-shared where it applies (decided alike on every rank), else this
   // rank's own.
