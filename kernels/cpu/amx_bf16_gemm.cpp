@@ -6,7 +6,6 @@
 #include <mutex>
 
 #include "kernel_check.hpp"
-#include "precision.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHARDOPT_AMX_COMPILED 1
@@ -27,10 +26,8 @@ constexpr int64_t kTileK = 32;     // bf16 values along k in one A tile row (64 
 constexpr int64_t kBlock = 32;     // the 2 x 2 tiles of one output block
 constexpr int64_t kColumnsPerPass = 256;  // B's columns per pass over A: 512 KiB of bf16 at k 1024
 
+#if SHARDOPT_AMX_COMPILED
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-// x rounded to the nearest bf16 (ties to even), as a float: the bf16 emulation's rounding.
-float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 // The upper 16 bits of a float that holds a bf16 value: exact.
 uint16_t bf16_bits(float x) {
@@ -39,7 +36,6 @@ uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-#if SHARDOPT_AMX_COMPILED
 bool detect_amx_bf16() {
   unsigned eax, ebx, ecx, edx;
   if (__get_cpuid_max(0, nullptr) < 7) return false;
@@ -55,6 +51,10 @@ bool detect_amx_bf16() {
   unsigned xcr0_low, xcr0_high;
   __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
   if ((xcr0_low & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
+  // The packing and the epilogue run on AVX-512F/BW, which every AMX CPU has; the OS must save
+  // the opmask and zmm state as well (XCR0 bits 5-7).
+  const bool avx512 = (ebx & (1u << 16)) != 0 && (ebx & (1u << 30)) != 0;
+  if (!avx512 || (xcr0_low & 0xe0u) != 0xe0u) return false;
   // Linux hands out the tile data state on request only (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
   constexpr long kArchReqXcompPerm = 0x1023;
   constexpr long kXfeatureXtiledata = 18;
@@ -70,6 +70,57 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// GCC 12 warns of the AVX-512 intrinsics' own _mm512_undefined_* placeholders under a target
+// attribute: a false alarm.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC-only warning group: clang (the ThreadSanitizer build) rejects the name
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define SHARDOPT_AVX512BW __attribute__((target("avx512f,avx512bw")))
+
+// round_to_bf16 on 16 lanes: the same integer steps as float_to_bf16 (round to nearest even by
+// add-and-carry; NaN quieted with its sign and top payload kept), so the same bits.
+SHARDOPT_AVX512BW inline __m512 round_to_bf16_x16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i kept_lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), kept_lsb),
+                                           high_half);
+  const __m512i quiet_nan = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), high_half);
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), quiet_nan));
+}
+
+// `cols` (at most 16) values of a block row through the epilogue, masked past `cols`:
+// round(beta * c + alpha * product) as two products and a sum, never fused, as the scalar form.
+SHARDOPT_AVX512BW inline void epilogue_x16(const float* product, const float* c, float beta, float alpha, float* out,
+                                            int64_t cols) {
+  const __mmask16 lanes = static_cast<__mmask16>(cols >= 16 ? 0xffffu : (1u << cols) - 1u);
+  __m512 v = _mm512_maskz_loadu_ps(lanes, product);
+  if (c != nullptr) {
+    v = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(lanes, c)),
+                      _mm512_mul_ps(_mm512_set1_ps(alpha), v));
+  }
+  _mm512_mask_storeu_ps(out, lanes, round_to_bf16_x16(v));
+}
+
+// 32 floats holding bf16 values to their 32 bf16 bit patterns (the upper halves): one tile row of A.
+SHARDOPT_AVX512BW inline void bf16_bits_x32(const float* src, uint16_t* dst) {
+  const __m512i upper_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
+                                                27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(_mm512_loadu_si512(src), upper_halves,
+                                                     _mm512_loadu_si512(src + 16)));
+}
+
+// 16 columns of two rows of B to one tile row of pairs: row kk's bf16 bits in the low halves,
+// row kk+1's in the high halves.
+SHARDOPT_AVX512BW inline void bf16_pairs_x16(const float* low, const float* high, uint32_t* out) {
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  _mm512_storeu_si512(out, _mm512_or_si512(_mm512_srli_epi32(_mm512_loadu_si512(low), 16),
+                                           _mm512_and_si512(_mm512_loadu_si512(high), high_half)));
+}
+#pragma GCC diagnostic pop
+
 // Where a finished 32 x 32 block goes: into `out` (m x n, row-major), the rows and columns past
 // m and n (padding) left out, through `epilogue` when there is one.
 struct BlockSink {
@@ -79,7 +130,7 @@ struct BlockSink {
 };
 
 // The block at (i, j), stored from the tiles into `block` (32 x 32, row-major), written out.
-void write_block(const float* block, int64_t i, int64_t j, const BlockSink& sink) {
+SHARDOPT_AVX512BW void write_block(const float* block, int64_t i, int64_t j, const BlockSink& sink) {
   const int64_t rows = std::min(kBlock, sink.m - i), cols = std::min(kBlock, sink.n - j);
   const AmxEpilogue* e = sink.epilogue;
   for (int64_t r = 0; r < rows; ++r) {
@@ -87,11 +138,11 @@ void write_block(const float* block, int64_t i, int64_t j, const BlockSink& sink
     float* out = sink.out + (i + r) * sink.n + j;
     if (e == nullptr) {
       std::copy(product, product + cols, out);
-    } else if (e->c == nullptr) {
-      for (int64_t q = 0; q < cols; ++q) out[q] = round_to_bf16(product[q]);
-    } else {
-      const float* c = e->c + (i + r) * sink.n + j;
-      for (int64_t q = 0; q < cols; ++q) out[q] = round_to_bf16(e->beta * c[q] + e->alpha * product[q]);
+      continue;
+    }
+    const float* c = e->c == nullptr ? nullptr : e->c + (i + r) * sink.n + j;
+    for (int64_t q = 0; q < cols; q += 16) {
+      epilogue_x16(product + q, c == nullptr ? nullptr : c + q, e->beta, e->alpha, out + q, cols - q);
     }
   }
 }
@@ -187,7 +238,6 @@ __attribute__((target("avx512f"))) void transpose_16x16(const uint32_t* src, int
   for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * dst_stride, r[i]);
 }
 #pragma GCC diagnostic pop
-#endif
 
 // Two bf16 values as one 32-bit word of AMX's pair layout: `low` at the lower address.
 uint32_t bf16_pair(float low, float high) {
@@ -203,6 +253,10 @@ void pack_a(const float* a, int64_t m, int64_t k, int64_t mp, int64_t kp, uint16
     for (int64_t t = 0; t < k_tiles; ++t) {
       uint16_t* dst = out + ((r / kTileRows) * k_tiles + t) * kTileRows * kTileK + (r % kTileRows) * kTileK;
       const int64_t count = std::min(kTileK, k - t * kTileK);
+      if (count == kTileK) {
+        bf16_bits_x32(row + t * kTileK, dst);
+        continue;
+      }
       for (int64_t c = 0; c < count; ++c) dst[c] = bf16_bits(row[t * kTileK + c]);
     }
   }
@@ -235,11 +289,14 @@ void pack_b(const float* b, bool b_transposed, int64_t n, int64_t k, int64_t np,
       const float* low_row = b + kk * n;
       const float* high_row = kk + 1 < k ? b + (kk + 1) * n : nullptr;
       for (int64_t col = 0; col < full_columns; col += kTileRows) {
-        uint32_t low[kTileRows], high[kTileRows] = {};
-        std::memcpy(low, low_row + col, sizeof low);
-        if (high_row != nullptr) std::memcpy(high, high_row + col, sizeof high);
         uint32_t* out = pairs + (col / kTileRows) * k_tiles * tile_words;
-        for (int64_t c = 0; c < kTileRows; ++c) out[c] = (low[c] >> 16) | (high[c] & 0xffff0000u);
+        if (high_row != nullptr) {
+          bf16_pairs_x16(low_row + col, high_row + col, out);
+          continue;
+        }
+        uint32_t low[kTileRows];
+        std::memcpy(low, low_row + col, sizeof low);
+        for (int64_t c = 0; c < kTileRows; ++c) out[c] = low[c] >> 16;
       }
       for (int64_t col = full_columns; col < n; ++col) {
         pairs[(col / kTileRows) * k_tiles * tile_words + col % kTileRows] = bf16_pair(read(kk, col), read(kk + 1, col));
@@ -248,7 +305,6 @@ void pack_b(const float* b, bool b_transposed, int64_t n, int64_t k, int64_t np,
   }
 }
 
-#if SHARDOPT_AMX_COMPILED
 // For a times a^T, B's tiles are A's transposed as 16 x 16 words (a pair of A's row c at pair
 // column p is B's word (p, c)): from the packed A, in cache, instead of from the matrix again.
 void pack_b_from_a(const uint16_t* packed_a, int64_t tiles, uint32_t* words) {
@@ -293,11 +349,11 @@ void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m,
   SHARDOPT_KERNEL_CHECK(amx_bf16_usable(), unsupported, "amx_bf16_gemm: this CPU or process has no AMX bf16 tiles");
   SHARDOPT_KERNEL_CHECK(!symmetric || (m == n && b == a && b_transposed), invalid_argument,
                         "amx_bf16_gemm: a symmetric product is a times a^T");
+#if SHARDOPT_AMX_COMPILED
   const int64_t mp = round_up(m, kBlock), np = round_up(n, kBlock), kp = round_up(k, kTileK);
   scratch.a.resize(static_cast<std::size_t>(mp * kp));
   pack_a(a, m, k, mp, kp, scratch.a.data());
   scratch.b.resize(static_cast<std::size_t>(np * kp / 2));
-#if SHARDOPT_AMX_COMPILED
   if (symmetric) {
     pack_b_from_a(scratch.a.data(), (mp / kTileRows) * (kp / kTileK), scratch.b.data());
   } else {
@@ -307,6 +363,11 @@ void amx_bf16_gemm(const float* a, const float* b, bool b_transposed, int64_t m,
   tile_products(scratch.a.data(), scratch.b.data(), BlockSink{product, m, n, epilogue}, mp, np, kp, symmetric);
   if (symmetric) mirror_upper(product, m);
 #else
+  (void)a;
+  (void)m;
+  (void)n;
+  (void)k;
+  (void)scratch;
   (void)b;
   (void)b_transposed;
   (void)symmetric;

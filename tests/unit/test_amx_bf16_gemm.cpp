@@ -9,6 +9,7 @@
 
 #include "cpu/amx_bf16_gemm.hpp"
 #include "cpu/muon_cpu.hpp"
+#include "precision.hpp"
 
 using namespace shardopt::kernels;
 
@@ -85,6 +86,58 @@ TEST_CASE("AMX bf16 GEMM: products of bf16 values in fp32, any shape", "[amx]") 
     }
     CHECK(asymmetric == 0);
     CHECK(upper_differs == 0);
+  }
+}
+
+TEST_CASE("AMX bf16 GEMM epilogue: bit for bit round_to_bf16(beta c + alpha product), in place, on ragged edges", "[amx]") {
+  if (!amx_bf16_usable()) {
+    WARN("no AMX bf16 tiles in this process");
+    return;
+  }
+  AmxScratch scratch;
+  // Column counts that leave 1, 15, 16 and 17 of a block's 32 columns, and whole blocks.
+  for (int64_t n : {33, 47, 48, 49, 64}) {
+    const int64_t m = 37, k = 41;
+    CAPTURE(n);
+    const std::vector<float> a = bf16_matrix(m * k, 31), b = bf16_matrix(k * n, 32);
+    std::vector<float> product(static_cast<std::size_t>(m * n));
+    amx_bf16_gemm(a.data(), b.data(), false, m, n, k, false, product.data(), scratch);
+    // c with ties to even both ways, a value that rounds up into the next binade, inf and NaN:
+    // the vector rounding must meet every case the scalar one does.
+    std::vector<float> c(product.size());
+    const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x3f7fffffu, 0x7f800000u, 0x7fc0ffffu, 0x7f7fffffu, 0xffffffffu};
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      uint32_t bits = 0x3e000000u + static_cast<uint32_t>(i * 2654435761u % 0x01000000u);
+      if (i % 7 == 3) bits = specials[(i / 7) % 7];
+      std::memcpy(&c[i], &bits, sizeof bits);
+    }
+    const float beta = 2.0315f, alpha = -4.775f;
+    std::vector<float> want(product.size()), round_only(product.size());
+    for (std::size_t i = 0; i < product.size(); ++i) {
+      volatile float scaled_c = beta * c[i], scaled_p = alpha * product[i];  // never fused
+      want[i] = bf16_to_float(float_to_bf16(scaled_c + scaled_p));
+      round_only[i] = bf16_to_float(float_to_bf16(product[i]));
+    }
+    // In place, as Newton-Schulz runs it (c is the output).
+    std::vector<float> got = c;
+    const AmxEpilogue polynomial{got.data(), beta, alpha};
+    amx_bf16_gemm(a.data(), b.data(), false, m, n, k, false, got.data(), scratch, &polynomial);
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    // beta 1, alpha 0: c itself rounded, so its ties reach the rounding unchanged.
+    std::vector<float> tied = c;
+    const AmxEpilogue copy_c{tied.data(), 1.f, 0.f};
+    amx_bf16_gemm(a.data(), b.data(), false, m, n, k, false, tied.data(), scratch, &copy_c);
+    int tie_mismatches = 0;
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      volatile float zero_p = 0.f * product[i];
+      const float w = bf16_to_float(float_to_bf16(c[i] + zero_p));
+      tie_mismatches += std::memcmp(&w, &tied[i], sizeof w) != 0;
+    }
+    CHECK(tie_mismatches == 0);
+    const AmxEpilogue rounding{};
+    std::vector<float> rounded(product.size(), -3.f);
+    amx_bf16_gemm(a.data(), b.data(), false, m, n, k, false, rounded.data(), scratch, &rounding);
+    CHECK(std::memcmp(rounded.data(), round_only.data(), rounded.size() * sizeof(float)) == 0);
   }
 }
 
