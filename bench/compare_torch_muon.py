@@ -117,11 +117,20 @@ def run_torch(cfg: dict, timeout_s: float) -> dict:
         context = torch_mp.spawn(torch_rank, args=(cfg["world"], free_port(), cfg, out_path),
                                  nprocs=cfg["world"], join=False)
         deadline = time.monotonic() + timeout_s
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in context.processes:
-                    p.kill()
-                raise TimeoutError(f"torch's replicated Muon took longer than {timeout_s:.0f} s")
+        try:
+            while not context.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    for p in context.processes:
+                        p.kill()
+                    raise TimeoutError(f"torch's replicated Muon took longer than {timeout_s:.0f} s")
+        except torch_mp.ProcessExitedException as e:
+            # torch 2.15's gloo sometimes aborts a rank in its teardown ("terminate called
+            # without an active exception") after every timed step: rank 0 wrote the result
+            # before destroy_process_group(), so it stands; without it the run failed.
+            if not os.path.exists(out_path):
+                raise
+            print(f"# note: torch's ranks ended abnormally after their timed steps ({e}); "
+                  "the result rank 0 wrote before teardown is used", file=sys.stderr)
         with open(out_path) as f:
             return json.load(f)
 
