@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kernel_check.hpp"
+#include "precision.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHARDOPT_AMX_COMPILED 1
@@ -79,29 +80,18 @@ struct alignas(64) TileConfig {
 #endif
 #define SHARDOPT_AVX512BW __attribute__((target("avx512f,avx512bw")))
 
-// round_to_bf16 on 16 lanes: the same integer steps as float_to_bf16 (round to nearest even by
-// add-and-carry; NaN quieted with its sign and top payload kept), so the same bits.
-SHARDOPT_AVX512BW inline __m512 round_to_bf16_x16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i kept_lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), kept_lsb),
-                                           high_half);
-  const __m512i quiet_nan = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), high_half);
-  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), quiet_nan));
-}
-
-// `cols` (at most 16) values of a block row through the epilogue, masked past `cols`:
-// round(beta * c + alpha * product) as two products and a sum, never fused, as the scalar form.
-SHARDOPT_AVX512BW inline void epilogue_x16(const float* product, const float* c, float beta, float alpha, float* out,
+// One block row of `cols` values through the epilogue, round(beta * c + alpha * product), with
+// float_to_bf16 itself: vectorised under the target attribute, and never fused
+// (-ffp-contract=off), so the bits are the scalar form's.
+SHARDOPT_AVX512BW inline void epilogue_row(const float* product, const float* c, float beta, float alpha, float* out,
                                             int64_t cols) {
-  const __mmask16 lanes = static_cast<__mmask16>(cols >= 16 ? 0xffffu : (1u << cols) - 1u);
-  __m512 v = _mm512_maskz_loadu_ps(lanes, product);
-  if (c != nullptr) {
-    v = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(lanes, c)),
-                      _mm512_mul_ps(_mm512_set1_ps(alpha), v));
+  if (c == nullptr) {
+#pragma omp simd
+    for (int64_t q = 0; q < cols; ++q) out[q] = bf16_to_float(float_to_bf16(product[q]));
+    return;
   }
-  _mm512_mask_storeu_ps(out, lanes, round_to_bf16_x16(v));
+#pragma omp simd
+  for (int64_t q = 0; q < cols; ++q) out[q] = bf16_to_float(float_to_bf16(beta * c[q] + alpha * product[q]));
 }
 
 // 32 floats holding bf16 values to their 32 bf16 bit patterns (the upper halves): one tile row of A.
@@ -118,6 +108,36 @@ SHARDOPT_AVX512BW inline void bf16_pairs_x16(const float* low, const float* high
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   _mm512_storeu_si512(out, _mm512_or_si512(_mm512_srli_epi32(_mm512_loadu_si512(low), 16),
                                            _mm512_and_si512(_mm512_loadu_si512(high), high_half)));
+}
+
+// dst (16 x 16 words, row stride dst_stride) = src (16 x 16 words, row stride src_stride)
+// transposed, in registers.
+SHARDOPT_AVX512BW void transpose_16x16(const uint32_t* src, int64_t src_stride, uint32_t* dst, int64_t dst_stride) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
+  for (int i = 0; i < 16; i += 2) {  // 2 x 2 blocks of words
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // 4 x 4 blocks
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lanes: rows i, i+4, i+8, i+12 hold lane pieces
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * dst_stride, r[i]);
 }
 #pragma GCC diagnostic pop
 
@@ -140,10 +160,7 @@ SHARDOPT_AVX512BW void write_block(const float* block, int64_t i, int64_t j, con
       std::copy(product, product + cols, out);
       continue;
     }
-    const float* c = e->c == nullptr ? nullptr : e->c + (i + r) * sink.n + j;
-    for (int64_t q = 0; q < cols; q += 16) {
-      epilogue_x16(product + q, c == nullptr ? nullptr : c + q, e->beta, e->alpha, out + q, cols - q);
-    }
+    epilogue_row(product, e->c == nullptr ? nullptr : e->c + (i + r) * sink.n + j, e->beta, e->alpha, out, cols);
   }
 }
 
@@ -201,43 +218,6 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* 
   _tile_release();
 }
 
-// dst (16 x 16 words, row stride dst_stride) = src (16 x 16 words, row stride src_stride)
-// transposed, in registers. Every CPU with AMX has AVX-512F. (GCC 12 warns of the
-// intrinsics' own _mm512_undefined_epi32 placeholders under a target attribute: a false alarm.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#if !defined(__clang__)  // a GCC-only warning group: clang (the ThreadSanitizer build) rejects the name
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-__attribute__((target("avx512f"))) void transpose_16x16(const uint32_t* src, int64_t src_stride, uint32_t* dst,
-                                                         int64_t dst_stride) {
-  __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * src_stride);
-  for (int i = 0; i < 16; i += 2) {  // 2 x 2 blocks of words
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {  // 4 x 4 blocks
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {  // 128-bit lanes: rows i, i+4, i+8, i+12 hold lane pieces
-    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
-    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
-  }
-  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + i * dst_stride, r[i]);
-}
-#pragma GCC diagnostic pop
 
 // Two bf16 values as one 32-bit word of AMX's pair layout: `low` at the lower address.
 uint32_t bf16_pair(float low, float high) {
