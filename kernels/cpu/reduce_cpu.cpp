@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/loop_support.hpp"
@@ -134,6 +135,77 @@ bool streams_outputs(const void* const* inputs, int input_count, void* const* ou
 #endif
 }
 
+// ---- one pass for up to kFusedInputs inputs -----------------------------------------------------
+//
+// The same tree, unrolled at compile time per element: every input is read and every output
+// written in one loop, with the division done once per element. Measured against the block
+// path above (2 inputs, 160 MB each, 2 processes on 2 cores): 0.6x its time with both inputs
+// written back (stage 1), 0.8x with one (stage 2). Staging each block's sums in L1 and storing
+// them in a second loop costs the difference, though the bytes from memory are the same.
+constexpr int kFusedInputs = 8;
+
+constexpr int largest_power_of_two_below(int count) {
+  int split = 1;
+  while (split * 2 < count) split *= 2;
+  return split;
+}
+
+// Inputs [Lo, Hi) at element i, summed in sum_tree's order with the same roundings.
+template <typename Format, int Lo, int Hi>
+float tree_at(const typename Format::Storage* const* in, int64_t i) {
+  if constexpr (Hi - Lo == 1) {
+    return Format::widen(in[Lo][i]);
+  } else {
+    constexpr int split = largest_power_of_two_below(Hi - Lo);
+    const float low = tree_at<Format, Lo, Lo + split>(in, i);
+    const float high = tree_at<Format, Lo + split, Hi>(in, i);
+    return Format::widen(Format::narrow(low + high));
+  }
+}
+
+// Elements [begin, end): the average of `Inputs` inputs into `Outputs` outputs (1, or one per
+// input: stage 1's in-place write-back).
+template <typename Format, int Inputs, int Outputs, int... Out>
+void fused_range(const void* const* inputs, void* const* outputs, int64_t begin, int64_t end, float divisor,
+                 std::integer_sequence<int, Out...>) {
+  using Storage = typename Format::Storage;
+  const Storage* in[Inputs];
+  for (int k = 0; k < Inputs; ++k) in[k] = static_cast<const Storage*>(inputs[k]);
+  Storage* out[Outputs];
+  for (int k = 0; k < Outputs; ++k) out[k] = static_cast<Storage*>(outputs[k]);
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const Storage average = Format::narrow(tree_at<Format, 0, Inputs>(in, i) / divisor);
+    ((out[Out][i] = average), ...);
+  }
+}
+
+template <typename Format, int Inputs>
+bool try_fused(const void* const* inputs, void* const* outputs, int output_count, int64_t begin, int64_t end,
+               float divisor) {
+  if (output_count == 1) {
+    fused_range<Format, Inputs, 1>(inputs, outputs, begin, end, divisor, std::make_integer_sequence<int, 1>{});
+    return true;
+  }
+  if (output_count == Inputs) {
+    fused_range<Format, Inputs, Inputs>(inputs, outputs, begin, end, divisor,
+                                        std::make_integer_sequence<int, Inputs>{});
+    return true;
+  }
+  return false;
+}
+
+// The one-pass loop where the input and output counts have one (false: use the block path).
+template <typename Format, int... Counts>
+bool average_fused(const void* const* inputs, int input_count, void* const* outputs, int output_count, int64_t begin,
+                   int64_t end, float divisor, std::integer_sequence<int, Counts...>) {
+  bool done = false;
+  ((done = done || (input_count == Counts + 1 &&
+                    try_fused<Format, Counts + 1>(inputs, outputs, output_count, begin, end, divisor))),
+   ...);
+  return done;
+}
+
 template <typename Format>
 void average_range(const void* const* inputs, int input_count, void* const* outputs, int output_count, int64_t begin,
                    int64_t end, float divisor, bool stream) {
@@ -170,6 +242,11 @@ void average_slots(const void* const* inputs, int input_count, void* const* outp
   const auto run = [&](auto format) {
     using Format = decltype(format);
     parallel_ranges(n, threads, [&](int64_t b, int64_t e) {
+      // An output that is not an input takes the block path's streaming stores when `stream`.
+      if (!stream && average_fused<Format>(inputs, input_count, outputs, output_count, b, e, divisor,
+                                           std::make_integer_sequence<int, kFusedInputs>{})) {
+        return;
+      }
       average_range<Format>(inputs, input_count, outputs, output_count, b, e, divisor, stream);
     });
   };

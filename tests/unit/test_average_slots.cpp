@@ -67,7 +67,8 @@ std::vector<uint8_t> random_slot(uint32_t seed, int64_t n, DType dtype) {
 TEST_CASE("average_slots_cpu adds in a binomial reduce's order, rounds each sum to the dtype, writes every output",
           "[cpu-isa][average-slots]") {
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
-    for (int count : {1, 2, 3, 4, 5, 6, 7, 8}) {
+    // 1-8: the one-pass loop; 11 and 17: the block path.
+    for (int count : {1, 2, 3, 4, 5, 6, 7, 8, 11, 17}) {
       for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{1025}, int64_t{70001}}) {
         CAPTURE(static_cast<int>(dtype), count, n);
         std::vector<std::vector<uint8_t>> slots;
@@ -105,7 +106,7 @@ TEST_CASE("every ISA variant averages slots with the baseline's bits", "[cpu-isa
     if (!cpu_isa_compiled(isa) || !cpu_runs_isa(isa, cpu)) continue;
     const CpuKernelTable& variant = cpu_kernel_table(isa);
     for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
-      for (int count : {2, 3, 5}) {
+      for (int count : {2, 3, 5, 11}) {  // 11: the block path
         const int64_t n = 4099;
         std::vector<std::vector<uint8_t>> inputs_storage;
         std::vector<const void*> inputs;
@@ -162,5 +163,37 @@ TEST_CASE("large f32 outputs apart from the inputs (streamed past the caches) ge
     REQUIRE(first[0] == -1.f);
     REQUIRE(std::memcmp(first.data() + 1, in_place[0].data(), static_cast<std::size_t>(n) * 4) == 0);
     REQUIRE(std::memcmp(second.data() + 1, in_place[0].data(), static_cast<std::size_t>(n) * 4) == 0);
+  }
+}
+
+TEST_CASE("outputs apart from the inputs, one or several, get the in-place average's bits",
+          "[average-slots]") {
+  // Below the streaming size: 1 and 3 outputs (the one-pass loop), 2 (neither 1 nor one per
+  // input: the block path).
+  const int count = 3;
+  const int64_t n = 5003;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    std::vector<std::vector<uint8_t>> in_place;
+    for (int r = 0; r < count; ++r) in_place.push_back(random_slot(static_cast<uint32_t>(90 + r), n, dtype));
+    const std::vector<std::vector<uint8_t>> inputs_storage = in_place, original = in_place;
+    std::vector<const void*> in_place_inputs;
+    std::vector<void*> in_place_outputs;
+    for (auto& slot : in_place) {
+      in_place_inputs.push_back(slot.data());
+      in_place_outputs.push_back(slot.data());
+    }
+    average_slots_cpu(in_place_inputs.data(), count, in_place_outputs.data(), count, dtype, n, 3.0f, 1);
+    std::vector<const void*> inputs;
+    for (const auto& s : inputs_storage) inputs.push_back(s.data());
+    for (int output_count : {1, 2, 3}) {
+      std::vector<std::vector<uint8_t>> outputs_storage(static_cast<std::size_t>(output_count),
+                                                        std::vector<uint8_t>(inputs_storage[0].size(), 0xab));
+      std::vector<void*> outputs;
+      for (auto& o : outputs_storage) outputs.push_back(o.data());
+      average_slots_cpu(inputs.data(), count, outputs.data(), output_count, dtype, n, 3.0f, 2);
+      CAPTURE(static_cast<int>(dtype), output_count);
+      for (const auto& o : outputs_storage) REQUIRE(o == in_place[0]);
+      REQUIRE(inputs_storage == original);  // the inputs were left as they were
+    }
   }
 }
