@@ -83,16 +83,6 @@ inline void quantise_scalar(const float* x, int64_t from, int64_t len, float inv
   for (int64_t i = from; i < len; ++i) codes[i] = scaled_code<kFull>(x[i], inverse, clamped, q);
 }
 
-// Elements [from, len) of a block folded into its max |x| so far (`largest`) and whether a NaN
-// was seen (`any`), one at a time.
-inline void absmax_scalar(const float* x, int64_t from, int64_t len, float& largest, bool& any) {
-  for (int64_t i = from; i < len; ++i) {
-    const float a = std::fabs(x[i]);
-    largest = a > largest ? a : largest;
-    any = any || a != a;
-  }
-}
-
 #if defined(SHARDOPT_CPU_VARIANT_AVX512)
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
 // reports once they are inlined here.
@@ -110,26 +100,6 @@ inline void dequantise(const uint8_t* codes, const uint32_t* map, float absmax, 
     _mm512_store_ps(x + i, _mm512_mul_ps(_mm512_i32gather_ps(index, map, 4), scale));
   }
   dequantise_scalar(codes, map, absmax, x, i, len);
-}
-
-// max |x| over the block (NaN lanes never win a comparison) and whether any lane is NaN.
-inline float block_absmax(const float* x, int64_t len, bool& nan) {
-  __m512 largest = _mm512_setzero_ps();
-  __mmask16 unordered = 0;
-  int64_t i = 0;
-  for (; i + kLanes <= len; i += kLanes) {
-    const __m512 a = _mm512_abs_ps(_mm512_load_ps(x + i));
-    unordered |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-    largest = _mm512_mask_mov_ps(largest, _mm512_cmp_ps_mask(a, largest, _CMP_GT_OQ), a);
-  }
-  alignas(64) float lanes[kLanes];
-  _mm512_store_ps(lanes, largest);
-  float result = 0.f;
-  for (float a : lanes) result = a > result ? a : result;
-  bool any = unordered != 0;
-  absmax_scalar(x, i, len, result, any);
-  nan = any;
-  return result;
 }
 
 template <bool kFull>
@@ -182,26 +152,6 @@ inline void dequantise(const uint8_t* codes, const uint32_t* map, float absmax, 
   dequantise_scalar(codes, map, absmax, x, i, len);
 }
 
-inline float block_absmax(const float* x, int64_t len, bool& nan) {
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 largest = _mm256_setzero_ps();
-  __m256 unordered = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + kLanes <= len; i += kLanes) {
-    const __m256 a = _mm256_and_ps(_mm256_load_ps(x + i), magnitude);
-    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
-    largest = _mm256_blendv_ps(largest, a, _mm256_cmp_ps(a, largest, _CMP_GT_OQ));
-  }
-  alignas(32) float lanes[kLanes];
-  _mm256_store_ps(lanes, largest);
-  float result = 0.f;
-  for (float a : lanes) result = a > result ? a : result;
-  bool any = _mm256_movemask_ps(unordered) != 0;
-  absmax_scalar(x, i, len, result, any);
-  nan = any;
-  return result;
-}
-
 template <bool kFull>
 inline void quantise_codes(const float* x, int64_t len, float inverse, float clamped, const Q8Search& q,
                            uint8_t* codes) {
@@ -248,14 +198,6 @@ inline void dequantise(const uint8_t* codes, const uint32_t* map, float absmax, 
   dequantise_scalar(codes, map, absmax, x, 0, len);
 }
 
-inline float block_absmax(const float* x, int64_t len, bool& nan) {
-  float largest = 0.f;
-  bool any = false;
-  absmax_scalar(x, 0, len, largest, any);
-  nan = any;
-  return largest;
-}
-
 template <bool kFull>
 inline void quantise_codes(const float* x, int64_t len, float inverse, float clamped, const Q8Search& q,
                            uint8_t* codes) {
@@ -263,11 +205,17 @@ inline void quantise_codes(const float* x, int64_t len, float inverse, float cla
 }
 #endif
 
-// One moment's block: the new absmax (NaN when any value is NaN) and the codes.
-inline void quantise_block(const float* x, int64_t len, const Q8Search& q, uint8_t* codes, float* absmax) {
-  bool nan = false;
-  const float largest = block_absmax(x, len, nan);
-  const float raw = nan ? std::numeric_limits<float>::quiet_NaN() : largest;
+// The bits of |x| as an unsigned integer: ordered as |x| for every non-NaN x, and above every
+// one of them (above inf's 0x7f800000) for a NaN. So their maximum over a block, an exact and
+// order-free integer reduction, is the block's max |x| or says that a value was NaN.
+inline uint32_t magnitude_bits(float x) { return float_bits(x) & 0x7fffffffu; }
+
+// One moment's block: the new absmax (NaN when any value is NaN: `largest_bits`, the maximum of
+// magnitude_bits over it, is past inf) and the codes.
+inline void quantise_block(const float* x, int64_t len, uint32_t largest_bits, const Q8Search& q, uint8_t* codes,
+                           float* absmax) {
+  const bool nan = largest_bits > 0x7f800000u;
+  const float raw = nan ? std::numeric_limits<float>::quiet_NaN() : bits_float(largest_bits);
   const float clamped = q8_clamp_below(raw, bits_float(kQ8AbsmaxFloorBits));
   if (len == kQ8Block) {
     quantise_codes<true>(x, len, 1.f / clamped, clamped, q, codes);
@@ -281,15 +229,22 @@ inline void quantise_block(const float* x, int64_t len, const Q8Search& q, uint8
 const Q8Search kSignedSearch{kQ8SignedBucketTable, kQ8SignedBuckets};
 const Q8Search kUnsignedSearch{kQ8UnsignedBucketTable, kQ8UnsignedBuckets};
 
+// The largest magnitude_bits of each moment over a block.
+struct MomentMaxima {
+  uint32_t m = 0, v = 0;
+};
+
 // The rule over one block's dequantised moments: flags as template parameters and no table
-// lookups, so that the loop vectorises as update_cpu.cpp's does.
+// lookups, so that the loop vectorises as update_cpu.cpp's does. The moments' maxima are taken
+// as they are written, sparing a second pass over them.
 template <typename Format, bool kStochastic, bool kTransform, bool kMaximize, int kDecay>
-void adam_q8_values(typename Format::Storage* __restrict param, const typename Format::Storage* __restrict grad,
+MomentMaxima adam_q8_values(typename Format::Storage* __restrict param, const typename Format::Storage* __restrict grad,
                     float* __restrict master, int16_t* __restrict remainder, float* __restrict m, float* __restrict v,
                     int64_t len, const AdamScalars& scalars, const GradTransform& gt, uint32_t step_key,
                     uint64_t first_index) {
   const AdamRule rule{fixed_adam_scalars<kMaximize, kDecay, false>(scalars)};
-#pragma omp simd
+  uint32_t m_largest = 0, v_largest = 0;
+#pragma omp simd reduction(max : m_largest, v_largest)
   for (int64_t i = 0; i < len; ++i) {
     float g = Format::widen(grad[i]);
     if (kTransform) g = transform_grad(g, gt);
@@ -298,7 +253,10 @@ void adam_q8_values(typename Format::Storage* __restrict param, const typename F
     rule(p, g, m[i], v[i], unused);
     const uint32_t random = kStochastic ? rounding_random_keyed(step_key, first_index + static_cast<uint64_t>(i)) : 0u;
     store_param<Format, kStochastic>(param, master, remainder, i, p, random);
+    m_largest = std::max(m_largest, magnitude_bits(m[i]));
+    v_largest = std::max(v_largest, magnitude_bits(v[i]));
   }
+  return MomentMaxima{m_largest, v_largest};
 }
 
 // Blocks ahead whose streams are prefetched: one block's compute is short next to a DRAM
@@ -338,11 +296,11 @@ void adam_q8_block(const UpdateTensors& t, const Q8Moments& q, int64_t block, in
   prefetch_block<Format>(t, q, block + kPrefetchBlocks, n);
   dequantise(q.exp_avg + lo, kQ8SignedMap, q.exp_avg_absmax[block], m, len);
   dequantise(q.exp_avg_sq + lo, kQ8UnsignedMap, q.exp_avg_sq_absmax[block], v, len);
-  adam_q8_values<Format, kStochastic, kTransform, kMaximize, kDecay>(
+  const MomentMaxima largest = adam_q8_values<Format, kStochastic, kTransform, kMaximize, kDecay>(
       static_cast<Storage*>(t.param) + lo, static_cast<const Storage*>(t.grad) + lo, offset_or_null(t.master, lo),
       offset_or_null(t.master_remainder, lo), m, v, len, s, gt, step_key, first_index + static_cast<uint64_t>(lo));
-  quantise_block(m, len, kSignedSearch, q.exp_avg + lo, q.exp_avg_absmax + block);
-  quantise_block(v, len, kUnsignedSearch, q.exp_avg_sq + lo, q.exp_avg_sq_absmax + block);
+  quantise_block(m, len, largest.m, kSignedSearch, q.exp_avg + lo, q.exp_avg_absmax + block);
+  quantise_block(v, len, largest.v, kUnsignedSearch, q.exp_avg_sq + lo, q.exp_avg_sq_absmax + block);
 }
 
 }  // namespace
