@@ -239,9 +239,9 @@ struct MomentMaxima {
 // as they are written, sparing a second pass over them.
 template <typename Format, bool kStochastic, bool kTransform, bool kMaximize, int kDecay>
 MomentMaxima adam_q8_values(typename Format::Storage* __restrict param, const typename Format::Storage* __restrict grad,
-                    float* __restrict master, int16_t* __restrict remainder, float* __restrict m, float* __restrict v,
-                    int64_t len, const AdamScalars& scalars, const GradTransform& gt, uint32_t step_key,
-                    uint64_t first_index) {
+                            float* __restrict master, int16_t* __restrict remainder, float* __restrict m,
+                            float* __restrict v, int64_t len, const AdamScalars& scalars, const GradTransform& gt,
+                            uint32_t step_key, uint64_t first_index) {
   const AdamRule rule{fixed_adam_scalars<kMaximize, kDecay, false>(scalars)};
   uint32_t m_largest = 0, v_largest = 0;
 #pragma omp simd reduction(max : m_largest, v_largest)
