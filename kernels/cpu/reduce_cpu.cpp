@@ -55,6 +55,13 @@ void store_block(const float* __restrict acc, typename Format::Storage* __restri
   for (int64_t i = 0; i < n; ++i) dst[i] = Format::narrow(acc[i] / divisor);
 }
 
+// Where a tree over `count` inputs splits its halves: the largest power of two below the count.
+constexpr int largest_power_of_two_below(int count) {
+  int split = 1;
+  while (split * 2 < count) split *= 2;
+  return split;
+}
+
 // Inputs [lo, hi) summed into `out` over elements [first, first + n): the two halves split at
 // the largest power of two below the count, each summed the same way, then added (lower half
 // first): the order of a binomial-tree reduce to rank 0. `scratch` holds a block per level.
@@ -70,8 +77,7 @@ void sum_tree(const void* const* inputs, int lo, int hi, int64_t first, int64_t 
                      out, n);
     return;
   }
-  int split = 1;
-  while (split * 2 < hi - lo) split *= 2;
+  const int split = largest_power_of_two_below(hi - lo);
   sum_tree<Format>(inputs, lo, lo + split, first, n, out, scratch);
   sum_tree<Format>(inputs, lo + split, hi, first, n, scratch, scratch + kBlock);
   add_block<Format>(out, scratch, n);
@@ -143,12 +149,6 @@ bool streams_outputs(const void* const* inputs, int input_count, void* const* ou
 // written back (stage 1), 0.8x with one (stage 2). Staging each block's sums in L1 and storing
 // them in a second loop costs the difference, though the bytes from memory are the same.
 constexpr int kFusedInputs = 8;
-
-constexpr int largest_power_of_two_below(int count) {
-  int split = 1;
-  while (split * 2 < count) split *= 2;
-  return split;
-}
 
 // Inputs [Lo, Hi) at element i, summed in sum_tree's order with the same roundings.
 template <typename Format, int Lo, int Hi>
