@@ -44,6 +44,37 @@ void def_view_field(nb::class_<HyperparamsView>& cls, const char* name, T shardo
       });
 }
 
+// One read-only field of a report struct, for def_report.
+template <typename T, typename V>
+struct ReportField {
+  const char* name;
+  V T::*member;
+  const char* doc = nullptr;
+};
+template <typename T, typename V>
+ReportField<T, V> field(const char* name, V T::*member, const char* doc = nullptr) {
+  return {name, member, doc};
+}
+
+// A report's fields as read-only properties, and a repr that lists them as a dataclass's does
+// ("shardopt.MemoryReport(state_bytes=650000, ...)"), so that printing one shows its numbers.
+template <typename T, typename... Values>
+void def_report(nb::class_<T>& cls, const char* type, ReportField<T, Values>... fields) {
+  const auto def = [&cls](const auto& f) {
+    if (f.doc != nullptr) cls.def_ro(f.name, f.member, f.doc);
+    else cls.def_ro(f.name, f.member);
+  };
+  (def(fields), ...);
+  std::vector<std::string> names{fields.name...};
+  cls.def("__repr__", [type = std::string(type), names](nb::handle self) {
+    std::string text = "shardopt." + type + "(";
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      text += (i > 0 ? ", " : "") + names[i] + "=" + nb::repr(self.attr(names[i].c_str())).c_str();
+    }
+    return text + ")";
+  });
+}
+
 }  // namespace
 
 NB_MODULE(_shardopt, m) {
@@ -243,28 +274,24 @@ NB_MODULE(_shardopt, m) {
       });
   view_class.attr("__hash__") = nb::none();
 
-  nb::class_<shardopt::MemoryReport>(m, "MemoryReport")
-      .def_ro("state_bytes", &shardopt::MemoryReport::state_bytes)
-      .def_ro("master_bytes", &shardopt::MemoryReport::master_bytes)
-      .def_ro("param_bytes", &shardopt::MemoryReport::param_bytes)
-      .def_ro("grad_bytes", &shardopt::MemoryReport::grad_bytes)
-      .def_ro("buffer_bytes", &shardopt::MemoryReport::buffer_bytes)
-      .def_ro("shard_numel", &shardopt::MemoryReport::shard_numel)
-      .def_ro("trainable_numel", &shardopt::MemoryReport::trainable_numel)
-      .def_ro("node_shared_param_bytes", &shardopt::MemoryReport::node_shared_param_bytes)
-      .def_ro("node_ranks", &shardopt::MemoryReport::node_ranks);
+  using shardopt::MemoryReport;
+  nb::class_<MemoryReport> memory_report(m, "MemoryReport", "This rank's bytes and elements (ZeroOptimizer.memory_report).");
+  def_report(memory_report, "MemoryReport", field("state_bytes", &MemoryReport::state_bytes),
+             field("master_bytes", &MemoryReport::master_bytes), field("param_bytes", &MemoryReport::param_bytes),
+             field("grad_bytes", &MemoryReport::grad_bytes), field("buffer_bytes", &MemoryReport::buffer_bytes),
+             field("shard_numel", &MemoryReport::shard_numel), field("trainable_numel", &MemoryReport::trainable_numel),
+             field("node_shared_param_bytes", &MemoryReport::node_shared_param_bytes),
+             field("node_ranks", &MemoryReport::node_ranks));
 
-  nb::class_<shardopt::StepReport>(m, "StepReport", "What the last step() did on this rank; times in seconds.")
-      .def_ro("skipped", &shardopt::StepReport::skipped)
-      .def_ro("loss_scale", &shardopt::StepReport::loss_scale)
-      .def_ro("grad_norm", &shardopt::StepReport::grad_norm)
-      .def_ro("clip_coef", &shardopt::StepReport::clip_coef)
-      .def_ro("skipped_steps", &shardopt::StepReport::skipped_steps)
-      .def_ro("agree_seconds", &shardopt::StepReport::agree_seconds)
-      .def_ro("update_seconds", &shardopt::StepReport::update_seconds)
-      .def_ro("sync_seconds", &shardopt::StepReport::sync_seconds)
-      .def_ro("newton_schulz_seconds", &shardopt::StepReport::newton_schulz_seconds,
-              "Of update_seconds, Muon's Newton-Schulz on this rank (0 where it owns no Muon matrix).");
+  using shardopt::StepReport;
+  nb::class_<StepReport> step_report(m, "StepReport", "What the last step() did on this rank; times in seconds.");
+  def_report(step_report, "StepReport", field("skipped", &StepReport::skipped),
+             field("loss_scale", &StepReport::loss_scale), field("grad_norm", &StepReport::grad_norm),
+             field("clip_coef", &StepReport::clip_coef), field("skipped_steps", &StepReport::skipped_steps),
+             field("agree_seconds", &StepReport::agree_seconds), field("update_seconds", &StepReport::update_seconds),
+             field("sync_seconds", &StepReport::sync_seconds),
+             field("newton_schulz_seconds", &StepReport::newton_schulz_seconds,
+                   "Of update_seconds, Muon's Newton-Schulz on this rank (0 where it owns no Muon matrix)."));
 
   using Opt = PyZeroOptimizer;
   nb::class_<Opt>(m, "ZeroOptimizer")

@@ -39,6 +39,12 @@ def test_bucket_view_adam_matches_reference():
     assert opt.param_step(0) == 3
     report = opt.memory_report()
     assert report.trainable_numel == 42 and report.state_bytes == 8 * report.shard_numel
+    # Printing a report shows its numbers, field by field.
+    text = repr(report)
+    assert text.startswith("shardopt.MemoryReport(state_bytes=") and text.endswith(f"node_ranks={report.node_ranks})")
+    assert f"shard_numel={report.shard_numel}, trainable_numel=42" in text
+    step = repr(opt.last_step())
+    assert step.startswith("shardopt.StepReport(skipped=False, loss_scale=1.0,") and "newton_schulz_seconds=0.0)" in step
     if COMM.size > 1:
         assert report.shard_numel < 42
 
