@@ -198,12 +198,15 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_products(const uint16_t* 
         _tile_zero(2);
         _tile_zero(3);
         for (int64_t t = 0; t < k_tiles; ++t) {
+          // Each load just before the first product that reads it: tile registers are not
+          // renamed, so a load waits for the products still reading its tile, and this order
+          // lets the next loads start while the last products of the step run.
           _tile_loadd(4, a0 + t * tile_elements, 64);
-          _tile_loadd(5, a1 + t * tile_elements, 64);
           _tile_loadd(6, b0 + t * tile_words, 64);
-          _tile_loadd(7, b1 + t * tile_words, 64);
           _tile_dpbf16ps(0, 4, 6);
+          _tile_loadd(7, b1 + t * tile_words, 64);
           _tile_dpbf16ps(1, 4, 7);
+          _tile_loadd(5, a1 + t * tile_elements, 64);
           _tile_dpbf16ps(2, 5, 6);
           _tile_dpbf16ps(3, 5, 7);
         }
