@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "py_optimizer.hpp"
+#include "py_report.hpp"
 #include "py_state_dict.hpp"
 #include "shardopt/averaging.hpp"
 
@@ -219,16 +220,11 @@ void bind_averaging(nb::module_& m) {
       "The AveragerConfig of torch's HierarchicalModelAverager({period: group_size, ...}, warmup_steps),\n"
       "levels in the dict's order.");
 
-  nb::class_<shardopt::CommunicationCounts>(
-      m, "CommunicationCounts", "Bytes of payload this rank handed to collectives spanning more than one rank.")
-      .def_ro("gradient_bytes", &shardopt::CommunicationCounts::gradient_bytes)
-      .def_ro("averaging_bytes", &shardopt::CommunicationCounts::averaging_bytes)
-      .def_ro("averages", &shardopt::CommunicationCounts::averages)
-      .def("__repr__", [](const shardopt::CommunicationCounts& c) {
-        return "shardopt.CommunicationCounts(gradient_bytes=" + std::to_string(c.gradient_bytes) +
-               ", averaging_bytes=" + std::to_string(c.averaging_bytes) + ", averages=" + std::to_string(c.averages) +
-               ")";
-      });
+  using shardopt::CommunicationCounts;
+  def_report(m, "CommunicationCounts", "Bytes of payload this rank handed to collectives spanning more than one rank.",
+             field("gradient_bytes", &CommunicationCounts::gradient_bytes),
+             field("averaging_bytes", &CommunicationCounts::averaging_bytes),
+             field("averages", &CommunicationCounts::averages));
 
   using Averager = PyModelAverager;
   nb::class_<Averager>(

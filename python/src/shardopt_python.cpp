@@ -20,6 +20,7 @@
 #include "py_hyperparams_view.hpp"
 #include "py_optimizer.hpp"
 #include "py_remote.hpp"
+#include "py_report.hpp"
 #include "py_state_dict.hpp"
 #include "py_tensors.hpp"
 #include "shardopt/checkpoint.hpp"
@@ -42,37 +43,6 @@ void def_view_field(nb::class_<HyperparamsView>& cls, const char* name, T shardo
         h.*field = value;
         v.set(h);
       });
-}
-
-// One read-only field of a report struct, for def_report.
-template <typename T, typename V>
-struct ReportField {
-  const char* name;
-  V T::*member;
-  const char* doc = nullptr;
-};
-template <typename T, typename V>
-ReportField<T, V> field(const char* name, V T::*member, const char* doc = nullptr) {
-  return {name, member, doc};
-}
-
-// A report's fields as read-only properties, and a repr that lists them as a dataclass's does
-// ("shardopt.MemoryReport(state_bytes=650000, ...)"), so that printing one shows its numbers.
-template <typename T, typename... Values>
-void def_report(nb::class_<T>& cls, const char* type, ReportField<T, Values>... fields) {
-  const auto def = [&cls](const auto& f) {
-    if (f.doc != nullptr) cls.def_ro(f.name, f.member, f.doc);
-    else cls.def_ro(f.name, f.member);
-  };
-  (def(fields), ...);
-  std::vector<std::string> names{fields.name...};
-  cls.def("__repr__", [type = std::string(type), names](nb::handle self) {
-    std::string text = "shardopt." + type + "(";
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      text += (i > 0 ? ", " : "") + names[i] + "=" + nb::repr(self.attr(names[i].c_str())).c_str();
-    }
-    return text + ")";
-  });
 }
 
 }  // namespace
@@ -275,8 +245,8 @@ NB_MODULE(_shardopt, m) {
   view_class.attr("__hash__") = nb::none();
 
   using shardopt::MemoryReport;
-  nb::class_<MemoryReport> memory_report(m, "MemoryReport", "This rank's bytes and elements (ZeroOptimizer.memory_report).");
-  def_report(memory_report, "MemoryReport", field("state_bytes", &MemoryReport::state_bytes),
+  def_report(m, "MemoryReport", "This rank's bytes and elements (ZeroOptimizer.memory_report).",
+             field("state_bytes", &MemoryReport::state_bytes),
              field("master_bytes", &MemoryReport::master_bytes), field("param_bytes", &MemoryReport::param_bytes),
              field("grad_bytes", &MemoryReport::grad_bytes), field("buffer_bytes", &MemoryReport::buffer_bytes),
              field("shard_numel", &MemoryReport::shard_numel), field("trainable_numel", &MemoryReport::trainable_numel),
@@ -284,8 +254,8 @@ NB_MODULE(_shardopt, m) {
              field("node_ranks", &MemoryReport::node_ranks));
 
   using shardopt::StepReport;
-  nb::class_<StepReport> step_report(m, "StepReport", "What the last step() did on this rank; times in seconds.");
-  def_report(step_report, "StepReport", field("skipped", &StepReport::skipped),
+  def_report(m, "StepReport", "What the last step() did on this rank; times in seconds.",
+             field("skipped", &StepReport::skipped),
              field("loss_scale", &StepReport::loss_scale), field("grad_norm", &StepReport::grad_norm),
              field("clip_coef", &StepReport::clip_coef), field("skipped_steps", &StepReport::skipped_steps),
              field("agree_seconds", &StepReport::agree_seconds), field("update_seconds", &StepReport::update_seconds),

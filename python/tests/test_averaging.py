@@ -177,6 +177,8 @@ def test_post_local_sgd_is_the_optimizer_then_the_averager():
     assert plsgd.param_groups[0]["lr"] == 0.01
     counts = plsgd.communication
     assert isinstance(counts, shardopt.CommunicationCounts)
+    assert repr(counts) == (f"shardopt.CommunicationCounts(gradient_bytes={counts.gradient_bytes}, "
+                            f"averaging_bytes={counts.averaging_bytes}, averages={counts.averages})")
     if COMM.size > 1:
         assert counts.averages == 3 and counts.averaging_bytes > 0
 
