@@ -4,12 +4,15 @@
 //                                     [--repeats K] [--pull] [--no-raw] [--split] [--threads T]
 //                                     [--push-log-bytes L]
 //
-// Ranks 0..O-1 own the table (rows split evenly), the others train. Each repeat runs three phases,
+// Ranks 0..O-1 own the table (rows split evenly), the others train. Each repeat runs four phases,
 // each started by a barrier and timed on every trainer to its last answer:
 //   raw:     every trainer packs each push's bytes (a 48-byte header, B row indices, B rows:
 //            what push_rows sends) into one buffer and MPI_Isends it to its owner, 64 in flight
 //            at most; the owner MPI_Recvs them all into one buffer (and does nothing with them),
 //            then acknowledges. Transport alone.
+//   raw+keep: the same, and the owner receives each message into a buffer of its own, all kept
+//            until the phase ends (the buffers reused by the next repeat): what any owner that
+//            holds pushes until the step writes to memory, as the remote optimizer's push log does.
 //   raw+sub: the same, and the owner subtracts each received row from its own copy of its rows
 //            (lr 1): the least a hand-written MPI parameter server does with a push.
 //   remote:  every trainer opens a context, push_rows P times (B rows of one owner each,
@@ -20,8 +23,8 @@
 //            and update).
 // With --pull every push is preceded by pull_rows of its rows (a parameter server's pull,
 // compute, push; compare with bench/remote/remote_ps_torch_rpc.py), and the raw phase is skipped.
-// Prints pushes/s and GB/s per phase (the best repeat of each), push/raw (the push part against
-// raw), the step's seconds, remote/raw and remote/raw+sub (push+step, the whole cost). Afterwards the first
+// Prints pushes/s and GB/s per phase (the best repeat of each), push/raw and push/raw+keep (the
+// push part against raw and raw+keep), the step's seconds, remote/raw and remote/raw+sub (push+step, the whole cost). Afterwards the first
 // trainer pulls the whole table and checks every element against the pushes' exact sum
 // (values are multiples of 1/64 and lr is 1, so every sum is exact in f32).
 #include <mpi.h>
@@ -105,10 +108,18 @@ double slowest(Communicator& comm, double mine) {
   return v;
 }
 
-// `apply`: the owner also subtracts every received row from its own table (lr 1), the least a
-// hand-written MPI parameter server does with a push; `table` is that copy of its rows.
-double raw_phase(const Args& a, Communicator& comm, MPI_Comm raw, int trainers, int repeat, bool apply,
-                 std::vector<float>& table) {
+// What a raw owner does with each message it receives.
+enum class RawOwner {
+  transport,  // receives every message into the same buffer and drops it: transport alone
+  keep,       // receives each into a buffer of its own, all kept to the phase's end, as any owner
+              // that holds pushes until a step must (the buffers are reused from repeat to repeat)
+  subtract,   // subtracts every received row from its own table (lr 1), the least a hand-written
+              // MPI parameter server does with a push
+};
+
+// `table` is the subtracting owner's copy of its rows; `kept` the keeping owner's buffers.
+double raw_phase(const Args& a, Communicator& comm, MPI_Comm raw, int trainers, int repeat, RawOwner owner,
+                 std::vector<float>& table, std::vector<std::vector<char>>& kept) {
   const int rank = comm.rank();
   const std::size_t bytes = kHeaderBytes + static_cast<std::size_t>(a.batch) * (8 + 4 * static_cast<std::size_t>(a.dim));
   std::vector<char> payload(bytes, 0);
@@ -122,10 +133,12 @@ double raw_phase(const Args& a, Communicator& comm, MPI_Comm raw, int trainers, 
     // This owner's share: pushes i with i % O == rank, from every trainer.
     const int mine = (a.pushes - rank + a.owners - 1) / a.owners;
     std::vector<char> in(bytes);
+    if (owner == RawOwner::keep) kept.resize(static_cast<std::size_t>(mine * trainers), std::vector<char>(bytes));
     const int64_t first_row = rows_of(a, rank).first;
     for (int m = 0; m < mine * trainers; ++m) {
-      MPI_Recv(in.data(), static_cast<int>(bytes), MPI_BYTE, MPI_ANY_SOURCE, 1, raw, MPI_STATUS_IGNORE);
-      if (!apply) continue;
+      char* into = owner == RawOwner::keep ? kept[static_cast<std::size_t>(m)].data() : in.data();
+      MPI_Recv(into, static_cast<int>(bytes), MPI_BYTE, MPI_ANY_SOURCE, 1, raw, MPI_STATUS_IGNORE);
+      if (owner != RawOwner::subtract) continue;
       const auto* rows = reinterpret_cast<const int64_t*>(in.data() + kHeaderBytes);
       const auto* values = reinterpret_cast<const float*>(in.data() + kHeaderBytes + a.batch * 8);
       for (int64_t i = 0; i < a.batch; ++i) {
@@ -272,15 +285,18 @@ int main(int argc, char** argv) {
 
   const double push_bytes = static_cast<double>(kHeaderBytes + a.batch * (8 + 4 * a.dim));
   const double total_pushes = static_cast<double>(a.pushes) * trainers;
-  double best_raw = 1e30, best_apply = 1e30, best_remote = 1e30, best_push = 1e30, best_step = 1e30;
+  double best_raw = 1e30, best_keep = 1e30, best_apply = 1e30, best_remote = 1e30, best_push = 1e30, best_step = 1e30;
   std::vector<float> raw_table;
+  std::vector<std::vector<char>> raw_kept;
   if (rank < a.owners && !a.pull && a.raw) {
     raw_table.assign(static_cast<std::size_t>((rows_of(a, rank).second - rows_of(a, rank).first) * a.dim), 0.f);
   }
   for (int repeat = 0; repeat < a.repeats; ++repeat) {
     if (!a.pull && a.raw) {
-      best_raw = std::min(best_raw, raw_phase(a, *comm, raw, trainers, repeat, false, raw_table));
-      best_apply = std::min(best_apply, raw_phase(a, *comm, raw, trainers, repeat, true, raw_table));
+      best_raw = std::min(best_raw, raw_phase(a, *comm, raw, trainers, repeat, RawOwner::transport, raw_table, raw_kept));
+      best_keep = std::min(best_keep, raw_phase(a, *comm, raw, trainers, repeat, RawOwner::keep, raw_table, raw_kept));
+      best_apply =
+          std::min(best_apply, raw_phase(a, *comm, raw, trainers, repeat, RawOwner::subtract, raw_table, raw_kept));
     }
     const RemoteTimes t = remote_phase(a, *comm, remote, repeat);
     best_remote = std::min(best_remote, t.total);
@@ -298,6 +314,8 @@ int main(int argc, char** argv) {
     if (!a.pull && a.raw) {
       std::printf("%-8s %12.4f %12.0f %10.3f\n", "raw", best_raw, total_pushes / best_raw,
                   total_pushes * push_bytes / best_raw / 1e9);
+      std::printf("%-8s %12.4f %12.0f %10.3f\n", "raw+keep", best_keep, total_pushes / best_keep,
+                  total_pushes * push_bytes / best_keep / 1e9);
       std::printf("%-8s %12.4f %12.0f %10.3f\n", "raw+sub", best_apply, total_pushes / best_apply,
                   total_pushes * push_bytes / best_apply / 1e9);
     }
@@ -308,11 +326,12 @@ int main(int argc, char** argv) {
     }
     std::printf("%-8s %12.4f %12.0f %10.3f\n", a.pull ? "pull+push" : "remote", best_remote, total_pushes / best_remote,
                 total_pushes * push_bytes / best_remote / 1e9);
-    // All three on one line: the push alone against transport, and the whole cost (push + step)
-    // against transport and against transport plus the least work per row.
+    // On one line: the push alone against transport and against transport into kept buffers,
+    // and the whole cost (push + step) against transport and against transport plus the least
+    // work per row.
     if (!a.pull && a.raw) {
-      std::printf("push/raw %.3f  remote/raw %.3f  remote/raw+sub %.3f\n", best_raw / best_push, best_raw / best_remote,
-                  best_apply / best_remote);
+      std::printf("push/raw %.3f  push/raw+keep %.3f  remote/raw %.3f  remote/raw+sub %.3f\n", best_raw / best_push,
+                  best_keep / best_push, best_raw / best_remote, best_apply / best_remote);
     }
     std::printf("table check: %s\n", valid ? "ok" : "WRONG");
   }
