@@ -18,9 +18,9 @@
 //   remote:  every trainer opens a context, push_rows P times (B rows of one owner each,
 //            alternating owners), then step(context); the owners sum the rows per context in f32
 //            and apply SGD to the rows pushed, and answer the step. Timed in two parts: push
-//            (the pushes until every owner has received them: a pull_rows of one row from each
-//            owner, answered after the pushes before it) and step (the rest, the owners' sums
-//            and update).
+//            (the pushes until every owner has received every trainer's: a pull_rows of one row
+//            from each owner, answered after the pushes before it, then the trainers wait for
+//            each other) and step (the rest, the owners' sums and update).
 // With --pull every push is preceded by pull_rows of its rows (a parameter server's pull,
 // compute, push; compare with bench/remote/remote_ps_torch_rpc.py), and the raw phase is skipped.
 // Prints pushes/s and GB/s per phase (the best repeat of each), push/raw and push/raw+keep (the
@@ -35,6 +35,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardopt/shardopt.hpp"
@@ -179,7 +180,21 @@ struct RemoteTimes {
   double total = 0;  // push + step
 };
 
-RemoteTimes remote_phase(const Args& a, Communicator& comm, RemoteOptimizer& remote, int repeat) {
+// Waits for every trainer (`trainers`: the trainers' communicator) with sleeps between tests: a
+// trainer that spun here would take the core an owner still receiving another trainer's pushes
+// needs, where cores are few.
+void wait_for_trainers(MPI_Comm trainers) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(trainers, &request);
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+RemoteTimes remote_phase(const Args& a, Communicator& comm, RemoteOptimizer& remote, int repeat,
+                         MPI_Comm trainers) {
   const int rank = comm.rank();
   const std::vector<float> values(static_cast<std::size_t>(a.batch * a.dim), kValue);
   std::vector<float> pulled(values.size());
@@ -204,6 +219,10 @@ RemoteTimes remote_phase(const Args& a, Communicator& comm, RemoteOptimizer& rem
       const int64_t row = rows_of(a, o).first;
       remote.pull_rows(emb, &row, 1, pulled.data());
     }
+    // Every trainer's pushes received before any step: an owner applies a step whole before
+    // its next request, so a trainer stepping at once would put that step inside the push time
+    // of a trainer still pushing.
+    wait_for_trainers(trainers);
     pushed = seconds_since(start);
     remote.step(context);
     if (a.split) std::fprintf(stderr, "trainer %d: push %.4f s, step %.4f s\n", rank, pushed, seconds_since(start) - pushed);
@@ -265,6 +284,8 @@ int main(int argc, char** argv) {
   }
   MPI_Comm raw = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+  MPI_Comm trainer_comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank >= a.owners ? 1 : MPI_UNDEFINED, rank, &trainer_comm);
 
   std::vector<RemoteGroupSpec> groups;
   if (rank < a.owners) {
@@ -298,7 +319,7 @@ int main(int argc, char** argv) {
       best_apply =
           std::min(best_apply, raw_phase(a, *comm, raw, trainers, repeat, RawOwner::subtract, raw_table, raw_kept));
     }
-    const RemoteTimes t = remote_phase(a, *comm, remote, repeat);
+    const RemoteTimes t = remote_phase(a, *comm, remote, repeat, trainer_comm);
     best_remote = std::min(best_remote, t.total);
     best_push = std::min(best_push, t.push);
     best_step = std::min(best_step, t.total - t.push);
@@ -343,5 +364,6 @@ int main(int argc, char** argv) {
                 static_cast<long long>(st.contexts_applied), static_cast<long long>(st.contexts_failed), static_cast<long long>(st.open_contexts));
   }
   MPI_Comm_free(&raw);
+  if (trainer_comm != MPI_COMM_NULL) MPI_Comm_free(&trainer_comm);
   return valid ? 0 : 1;
 }
