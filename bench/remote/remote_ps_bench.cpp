@@ -54,7 +54,7 @@ struct Args {
   int repeats = 3;
   bool pull = false;
   bool raw = true;     // --no-raw: the remote phase only (profiling)
-  bool split = false;  // --split: each trainer prints its push loop's and its step's seconds
+  bool split = false;  // --split: each trainer prints when its own pushes and everyone's were received, and its step's seconds
   int threads = 0;     // --threads: the owners' update threads (0: OpenMP's default)
   int64_t push_log_bytes = -1;  // --push-log-bytes: RemoteOptions::push_log_bytes (-1: its default)
 };
@@ -222,10 +222,14 @@ RemoteTimes remote_phase(const Args& a, Communicator& comm, RemoteOptimizer& rem
     // Every trainer's pushes received before any step: an owner applies a step whole before
     // its next request, so a trainer stepping at once would put that step inside the push time
     // of a trainer still pushing.
+    const double own_pushes = seconds_since(start);
     wait_for_trainers(trainers);
     pushed = seconds_since(start);
     remote.step(context);
-    if (a.split) std::fprintf(stderr, "trainer %d: push %.4f s, step %.4f s\n", rank, pushed, seconds_since(start) - pushed);
+    if (a.split) {
+      std::fprintf(stderr, "trainer %d: its own pushes received %.4f s, every trainer's %.4f s, step %.4f s\n", rank,
+                   own_pushes, pushed, seconds_since(start) - pushed);
+    }
   }
   RemoteTimes t;
   t.push = slowest(comm, pushed);
