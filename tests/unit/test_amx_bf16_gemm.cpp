@@ -165,3 +165,15 @@ TEST_CASE("Muon's bf16 Newton-Schulz on AMX stays within a few bf16 steps of the
   CHECK(worst < 0.05 * largest);  // bf16 arithmetic against fp32: a few bf16 steps
   CHECK(worst > 0.0);             // and it did run in bf16
 }
+
+TEST_CASE("AMX scratch: packed operands start on 64-byte boundaries (one cache line per tile row)", "[amx]") {
+  // Sizes of every kind of block glibc hands out (small bins and mmap'd chunks, which start 16
+  // bytes past a line), resized as the products grow.
+  shardopt::kernels::AmxScratch scratch;
+  for (std::size_t count : {std::size_t{16}, std::size_t{1000}, std::size_t{40000}, std::size_t{1} << 20}) {
+    scratch.a.resize(count);
+    scratch.b.resize(count / 2 + 1);
+    CHECK(reinterpret_cast<std::uintptr_t>(scratch.a.data()) % 64 == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(scratch.b.data()) % 64 == 0);
+  }
+}
