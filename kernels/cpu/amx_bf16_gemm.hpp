@@ -8,33 +8,16 @@
 // thread count, only on the machine having AMX.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
-#include <new>
 #include <vector>
+
+#include "cpu/cache_line_allocator.hpp"
 
 namespace shardopt {
 namespace kernels {
 
-// Storage on 64-byte boundaries, so each 64-byte tile row is one cache line. (A std::vector's
-// own large blocks start 16 bytes past one: every tile row then straddled two lines and the
-// tile loop took 1.75x as long at 1024^3.)
-template <typename T>
-struct CacheLineAllocator {
-  using value_type = T;
-  static constexpr std::align_val_t kAlignment{64};
-  CacheLineAllocator() = default;
-  template <typename U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
-  T* allocate(std::size_t count) { return static_cast<T*>(::operator new(count * sizeof(T), kAlignment)); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlignment); }
-  template <typename U>
-  bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
-  template <typename U>
-  bool operator!=(const CacheLineAllocator<U>&) const noexcept { return false; }
-};
-
-// Packed operands, kept between calls (grow to the largest matrix).
+// Packed operands, kept between calls (grow to the largest matrix), on cache lines: each
+// 64-byte tile row is then one line.
 struct AmxScratch {
   std::vector<uint16_t, CacheLineAllocator<uint16_t>> a;  // A's tiles: 16 rows x 32 bf16
   std::vector<uint32_t, CacheLineAllocator<uint32_t>> b;  // B's tiles: 16 rows x 16 pairs of bf16

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/amx_bf16_gemm.hpp"
+#include "cpu/cache_line_allocator.hpp"
 #include "mixed_update.hpp"
 
 namespace shardopt {
@@ -34,7 +35,7 @@ MuonScalars make_muon_scalars(double lr, double weight_decay, double momentum, b
 
 // Scratch for one matrix's orthogonalisation; grows to the largest matrix and is kept.
 struct MuonWorkspace {
-  std::vector<float> x, next, gram, poly;
+  std::vector<float, CacheLineAllocator<float>> x, next, gram, poly;  // whole lines for the products' loads
   AmxScratch amx;  // packed bf16 operands where the bf16 products run on AMX tiles
   // Wall time spent in newton_schulz_cpu since the owner last read and cleared it.
   double newton_schulz_seconds = 0.0;
