@@ -128,13 +128,16 @@ double raw_phase(const Args& a, Communicator& comm, MPI_Comm raw, int trainers, 
   if (rank >= a.owners) {
     for (int i = 0; i < a.pushes; ++i) rows.push_back(push_rows_of(a, rank, repeat, i));
   }
+  // This owner's share: pushes i with i % O == rank, from every trainer.
+  const int mine = (a.pushes - rank + a.owners - 1) / a.owners;
+  if (rank < a.owners && owner == RawOwner::keep) {
+    // Made (and faulted in) before the clock starts, as the remote owner's pooled buffers are.
+    kept.resize(static_cast<std::size_t>(mine * trainers), std::vector<char>(bytes));
+  }
   comm.barrier();
   const Clock::time_point start = Clock::now();
   if (rank < a.owners) {
-    // This owner's share: pushes i with i % O == rank, from every trainer.
-    const int mine = (a.pushes - rank + a.owners - 1) / a.owners;
     std::vector<char> in(bytes);
-    if (owner == RawOwner::keep) kept.resize(static_cast<std::size_t>(mine * trainers), std::vector<char>(bytes));
     const int64_t first_row = rows_of(a, rank).first;
     for (int m = 0; m < mine * trainers; ++m) {
       char* into = owner == RawOwner::keep ? kept[static_cast<std::size_t>(m)].data() : in.data();
