@@ -163,21 +163,44 @@ float tree_at(const typename Format::Storage* const* in, int64_t i) {
   }
 }
 
-// Elements [begin, end): the average of `Inputs` inputs into `Outputs` outputs (1, or one per
-// input: stage 1's in-place write-back).
+// Elements [begin, end) of the one-pass loop.
 template <typename Format, int Inputs, int Outputs, int... Out>
-void fused_range(const void* const* inputs, void* const* outputs, int64_t begin, int64_t end, float divisor,
-                 std::integer_sequence<int, Out...>) {
+inline void fused_elements(const typename Format::Storage* const* in, typename Format::Storage* const* out,
+                           int64_t begin, int64_t end, float divisor, std::integer_sequence<int, Out...>) {
   using Storage = typename Format::Storage;
-  const Storage* in[Inputs];
-  for (int k = 0; k < Inputs; ++k) in[k] = static_cast<const Storage*>(inputs[k]);
-  Storage* out[Outputs];
-  for (int k = 0; k < Outputs; ++k) out[k] = static_cast<Storage*>(outputs[k]);
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const Storage average = Format::narrow(tree_at<Format, 0, Inputs>(in, i) / divisor);
     ((out[Out][i] = average), ...);
   }
+}
+
+// The range is walked as kStreams equal parts at once, kStride elements of each in turn: one
+// core's reads from memory are bounded by how many lines it has in flight, and four places to
+// prefetch from keep more of them in flight than one. Measured (2 inputs of 160 MB, one output
+// in place, 2 processes on 2 cores): 0.75-0.85x the time of one sequential walk; 2 and 16
+// parts gained less. The per-element arithmetic is unchanged, so are the bits.
+constexpr int kStreams = 4;
+constexpr int64_t kStride = 64;
+
+// Elements [begin, end): the average of `Inputs` inputs into `Outputs` outputs (1, or one per
+// input: stage 1's in-place write-back).
+template <typename Format, int Inputs, int Outputs, int... Out>
+void fused_range(const void* const* inputs, void* const* outputs, int64_t begin, int64_t end, float divisor,
+                 std::integer_sequence<int, Out...> outs) {
+  using Storage = typename Format::Storage;
+  const Storage* in[Inputs];
+  for (int k = 0; k < Inputs; ++k) in[k] = static_cast<const Storage*>(inputs[k]);
+  Storage* out[Outputs];
+  for (int k = 0; k < Outputs; ++k) out[k] = static_cast<Storage*>(outputs[k]);
+  const int64_t part = (end - begin) / kStreams / kStride * kStride;
+  for (int64_t i = 0; i < part; i += kStride) {
+    for (int s = 0; s < kStreams; ++s) {
+      const int64_t first = begin + s * part + i;
+      fused_elements<Format, Inputs, Outputs>(in, out, first, first + kStride, divisor, outs);
+    }
+  }
+  fused_elements<Format, Inputs, Outputs>(in, out, begin + kStreams * part, end, divisor, outs);
 }
 
 template <typename Format, int Inputs>
