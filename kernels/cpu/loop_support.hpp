@@ -56,6 +56,35 @@ void parallel_ranges(int64_t n, int threads, const Body& body) {
   body(int64_t{0}, n);
 }
 
+// One thread's range [begin, end) walked as kParts equal parts at once, kPartStride elements of
+// each in turn, then the tail: body(first, last) for each piece. One core's reads from memory are
+// bounded by the lines it has in flight, and its prefetchers keep more in flight from several
+// places than from one: the node average of two 160 MB inputs in place took 0.75-0.85x the time
+// of one sequential walk, the update probe's pattern (4 arrays read, 3 written) 0.94-0.98x. Each
+// element is still computed by the same code, so the bits do not change.
+//
+// The walk is always inlined: here it is baseline code, and a variant's body can only be inlined
+// into a caller of its own ISA (a call per 64-element piece cost the node average 15%).
+constexpr int kParts = 4;
+constexpr int64_t kPartStride = 64;
+#if defined(__GNUC__) || defined(__clang__)
+#define SHARDOPT_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define SHARDOPT_ALWAYS_INLINE
+#endif
+
+template <typename Body>
+SHARDOPT_ALWAYS_INLINE inline void walk_in_parts(int64_t begin, int64_t end, const Body& body) {
+  const int64_t part = (end - begin) / kParts / kPartStride * kPartStride;
+  for (int64_t i = 0; i < part; i += kPartStride) {
+    for (int k = 0; k < kParts; ++k) {
+      const int64_t first = begin + k * part + i;
+      body(first, first + kPartStride);
+    }
+  }
+  body(begin + kParts * part, end);
+}
+
 // Runtime flags to template parameters: f receives std::integral_constant values.
 template <typename F>
 void with_flag(bool flag, const F& f) {

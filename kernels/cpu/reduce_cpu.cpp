@@ -175,14 +175,6 @@ inline void fused_elements(const typename Format::Storage* const* in, typename F
   }
 }
 
-// The range is walked as kStreams equal parts at once, kStride elements of each in turn: one
-// core's reads from memory are bounded by how many lines it has in flight, and four places to
-// prefetch from keep more of them in flight than one. Measured (2 inputs of 160 MB, one output
-// in place, 2 processes on 2 cores): 0.75-0.85x the time of one sequential walk; 2 and 16
-// parts gained less. The per-element arithmetic is unchanged, so are the bits.
-constexpr int kStreams = 4;
-constexpr int64_t kStride = 64;
-
 // Elements [begin, end): the average of `Inputs` inputs into `Outputs` outputs (1, or one per
 // input: stage 1's in-place write-back).
 template <typename Format, int Inputs, int Outputs, int... Out>
@@ -193,14 +185,10 @@ void fused_range(const void* const* inputs, void* const* outputs, int64_t begin,
   for (int k = 0; k < Inputs; ++k) in[k] = static_cast<const Storage*>(inputs[k]);
   Storage* out[Outputs];
   for (int k = 0; k < Outputs; ++k) out[k] = static_cast<Storage*>(outputs[k]);
-  const int64_t part = (end - begin) / kStreams / kStride * kStride;
-  for (int64_t i = 0; i < part; i += kStride) {
-    for (int s = 0; s < kStreams; ++s) {
-      const int64_t first = begin + s * part + i;
-      fused_elements<Format, Inputs, Outputs>(in, out, first, first + kStride, divisor, outs);
-    }
-  }
-  fused_elements<Format, Inputs, Outputs>(in, out, begin + kStreams * part, end, divisor, outs);
+  // In parts (loop_support.hpp): this 2-in-1-out pattern is bounded by one core's reads.
+  walk_in_parts(begin, end, [&](int64_t first, int64_t last) {
+    fused_elements<Format, Inputs, Outputs>(in, out, first, last, divisor, outs);
+  });
 }
 
 template <typename Format, int Inputs>
