@@ -140,8 +140,8 @@ void for_each_update_piece(const UpdateTensors& t, int64_t begin, int64_t end, u
 
 // A rule loop's elements [0, n): f32 parameters (the rule reads 4 arrays and writes 3) walk in
 // parts (loop_support.hpp: more lines in flight; the f32 Adam step at world 2 took 0.65-1.05x,
-// median 0.87x, its time walking once, alternated 6 times). With a master beside 16-bit
-// parameters 4 parts were slower (bf16 Adam 1.3x), so those walk once.
+// median about 0.86x, its time walking once, alternated 8 times). With a master beside 16-bit
+// parameters 4 parts were slower (bf16 Adam 1.3x in 2 of 2 pairs), so those walk once.
 template <typename Format, typename Body>
 inline void walk_update(int64_t n, const Body& body) {
   if constexpr (std::is_same<Format, F32Format>::value) {
